@@ -1,0 +1,178 @@
+"""Process wiring: the only place that exits. `hv-device-plugin --help` lists every option."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from plugin import __version__, logs
+from plugin.cdi import CdiReconciler, desired_spec
+from plugin.config import Config, ConfigError, env_name, parse_config
+from plugin.endpoints import LIVENESS_SERVICE, READINESS_SERVICE, HttpEndpoints
+from plugin.health import HealthState
+from plugin.monitor import Monitor
+from plugin.probe_worker import ProbeWorker
+from plugin.registration import Registrar
+from plugin.server import DevicePluginServicer
+
+SHUTDOWN_FLUSH_S = 2.0
+
+
+def _reconciler(cfg: Config) -> CdiReconciler | None:
+    if cfg.mode == "device-access":
+        return None
+    desired = desired_spec(
+        kind_name=cfg.resource_name,
+        device_name=cfg.device_name,
+        device_path=cfg.hypervisor_device,
+        uid=cfg.device_uid,
+        gid=cfg.device_gid,
+        cdi_version=cfg.cdi_version,
+    )
+    return CdiReconciler(cfg.cdi_dir, cfg.cdi_filename, desired)
+
+
+async def _wait_streams_closed(health: HealthState, deadline_s: float) -> None:
+    end = time.monotonic() + deadline_s
+    seen = health.generation
+    while health.streams > 0 and time.monotonic() < end:
+        with contextlib.suppress(TimeoutError):
+            seen = await asyncio.wait_for(health.wait_change(seen), end - time.monotonic())
+        await asyncio.sleep(0)  # let the stream handlers flush their final empty snapshot
+
+
+async def run(cfg: Config) -> int:
+    health = HealthState()
+    worker = None if cfg.mode == "device-access" else ProbeWorker(timeout_s=cfg.probe_timeout_s)
+    monitor = Monitor(cfg, health, worker, _reconciler(cfg))
+    registrar = Registrar(cfg, health, lambda: DevicePluginServicer(cfg, health, monitor))
+    http = HttpEndpoints(health, cfg.health_addr) if cfg.health_addr else None
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    logs.log(
+        "starting",
+        version=__version__,
+        mode=cfg.mode,
+        device=cfg.hypervisor_device,
+        resource=cfg.resource_name,
+        slots=cfg.slots,
+        plugin_dir=str(cfg.device_plugin_dir),
+        cdi_dir=str(cfg.cdi_dir),
+        host_dev_dir=str(cfg.host_dev_dir or ""),
+    )
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        if http is not None:
+            await http.start()
+        # Devices are checked (and the spec repaired) before anything is advertised.
+        await monitor.check_all()
+        tasks = [asyncio.ensure_future(monitor.run()), asyncio.ensure_future(registrar.run())]
+        waiter = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        for task in done:
+            if task is not waiter and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        logs.log("stopping", reason="signal")
+        health.shutdown()
+        await _wait_streams_closed(health, SHUTDOWN_FLUSH_S)
+        return 0
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await registrar.stop()
+        if worker is not None:
+            await worker.close()
+        if http is not None:
+            await http.close()
+        logs.log("stopped")
+
+
+def probe_main(argv: Sequence[str]) -> int:
+    """`probe liveness|readiness`: gRPC Health on the plugin's own socket, for exec probes."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="hv-device-plugin probe",
+        description="Ask the running plugin over gRPC Health v1 on its socket; exit 0 when "
+        "SERVING, 1 otherwise. Use as a Kubernetes exec probe.",
+    )
+    parser.add_argument("which", choices=("liveness", "readiness"))
+    parser.add_argument(
+        "--device-plugin-dir",
+        default=None,
+        help=f"plugin socket dir [{env_name('device-plugin-dir')}]",
+    )
+    parser.add_argument("--mode", default=None, help=f"plugin mode [{env_name('mode')}]")
+    parser.add_argument("--timeout", type=float, default=2.0, help="seconds per attempt")
+    ns = parser.parse_args(list(argv))
+    try:
+        base = parse_config([])
+    except ConfigError:
+        base = None
+    plugin_dir = Path(
+        ns.device_plugin_dir
+        or (base.device_plugin_dir if base else "/var/lib/kubelet/device-plugins")
+    )
+    mode = ns.mode or (base.mode if base else "hypervisor")
+    prefix = "hyperlight-access" if mode == "device-access" else "hyperlight"
+    service = LIVENESS_SERVICE if ns.which == "liveness" else READINESS_SERVICE
+    sockets = sorted(plugin_dir.glob(f"{prefix}-*.sock"), key=lambda p: -p.lstat().st_mtime)
+    answer = {"probe": ns.which, "status": "NO_SOCKET", "socket": ""}
+    for sock in sockets:
+        with grpc.insecure_channel(f"unix:{sock}") as channel:
+            try:
+                reply = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=service), timeout=ns.timeout
+                )
+            except grpc.RpcError as exc:
+                answer = {
+                    "probe": ns.which,
+                    "status": f"ERROR {exc.code().name}",
+                    "socket": str(sock),
+                }
+                continue
+        status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        answer = {"probe": ns.which, "status": status, "socket": str(sock)}
+        if status == "SERVING":
+            break
+    print(json.dumps(answer))
+    return 0 if answer["status"] == "SERVING" else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["probe"]:
+        return probe_main(args[1:])
+    try:
+        cfg = parse_config(args)
+    except ConfigError as exc:
+        print(f"hv-device-plugin: {exc}", file=sys.stderr)
+        return 2
+    logs.setup(
+        cfg.log_level, component="hv-device-plugin", mode=cfg.mode, resource=cfg.resource_name
+    )
+    try:
+        return asyncio.run(run(cfg))
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Shared health state: device and CDI conditions, readiness reasons, snapshot broadcast.
+
+One instance per process. Streams never write to it except to count themselves in and out,
+so a cancelled stream can never change shared health, readiness or the other streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from plugin import metrics
+from plugin.logs import log
+
+
+@dataclass
+class Condition:
+    ok: bool
+    reason: str
+    since: float = field(default_factory=time.monotonic)
+
+
+class HealthState:
+    """Conditions behind liveness, readiness and the advertised device health."""
+
+    def __init__(self) -> None:
+        self._changed = asyncio.Event()
+        self.generation = 0
+        self.shutting_down = False
+        self.registered = Condition(False, "not registered with the kubelet yet")
+        self.device = Condition(False, "device not checked yet")
+        self.cdi = Condition(False, "CDI spec not checked yet")
+        self.streams = 0
+        self._healthy = False
+
+    @property
+    def healthy(self) -> bool:
+        """Whether devices are advertised Healthy: usable device AND CDI spec in desired state."""
+        return self._healthy
+
+    def readiness_reasons(self) -> list[str]:
+        reasons = []
+        if not self.registered.ok:
+            reasons.append(f"registered: {self.registered.reason}")
+        if self.streams < 1:
+            reasons.append("list_and_watch: no open ListAndWatch stream")
+        if not self.device.ok:
+            reasons.append(f"device: {self.device.reason}")
+        if not self.cdi.ok:
+            reasons.append(f"cdi: {self.cdi.reason}")
+        if self.shutting_down:
+            reasons.append("shutting down")
+        return reasons
+
+    @property
+    def ready(self) -> bool:
+        return not self.readiness_reasons()
+
+    def readiness_report(self) -> dict[str, object]:
+        return {
+            "ready": self.ready,
+            "conditions": {
+                "registered": {"ok": self.registered.ok, "reason": self.registered.reason},
+                "list_and_watch": {"ok": self.streams > 0, "streams": self.streams},
+                "device": {"ok": self.device.ok, "reason": self.device.reason},
+                "cdi": {"ok": self.cdi.ok, "reason": self.cdi.reason},
+            },
+            "reasons": self.readiness_reasons(),
+        }
+
+    def _set(self, cond: Condition, ok: bool, reason: str, name: str) -> None:
+        if cond.ok == ok and cond.reason == reason:
+            return
+        if cond.ok != ok:
+            cond.since = time.monotonic()
+            log("condition_changed", condition=name, ok=ok, reason=reason)
+        cond.ok, cond.reason = ok, reason
+        self._publish()
+
+    def set_device(self, ok: bool, reason: str) -> None:
+        self._set(self.device, ok, reason, "device")
+
+    def set_cdi(self, ok: bool, reason: str) -> None:
+        self._set(self.cdi, ok, reason, "cdi")
+
+    def set_registered(self, ok: bool, reason: str) -> None:
+        self._set(self.registered, ok, reason, "registered")
+
+    def _bump(self) -> None:
+        # Swap in a fresh event before setting the old one: every waiter of the old
+        # generation wakes exactly once, and no waiter can miss a change.
+        self.generation += 1
+        old, self._changed = self._changed, asyncio.Event()
+        old.set()
+
+    def _publish(self) -> None:
+        healthy = self.device.ok and self.cdi.ok
+        if healthy != self._healthy:
+            self._healthy = healthy
+            self._bump()
+            metrics.HEALTH_TRANSITIONS.labels(to="healthy" if healthy else "unhealthy").inc()
+            log(
+                "health_transition",
+                healthy=healthy,
+                generation=self.generation,
+                reasons=self.readiness_reasons(),
+            )
+        metrics.READY.set(1 if self.ready else 0)
+        metrics.HEALTHY.set(1 if healthy else 0)
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+        self._bump()
+
+    async def wait_change(self, seen_generation: int) -> int:
+        """Block until the advertised health changes after seen_generation; return the new one."""
+        while self.generation == seen_generation:
+            await self._changed.wait()
+        return self.generation
+
+    # Sync on purpose: called from a stream's finally block, which may run during cancellation.
+    def stream_opened(self) -> None:
+        self.streams += 1
+        metrics.STREAMS.set(self.streams)
+        self._publish()
+
+    def stream_closed(self) -> None:
+        self.streams -= 1
+        metrics.STREAMS.set(self.streams)
+        self._publish()

@@ -1,0 +1,140 @@
+"""Keeps the device and CDI conditions true to the node: checks on events, on a timer and on demand.
+
+Every check result is recorded by a shielded task, so a caller that goes away (an Allocate whose
+kubelet timed out, a stream that closed) can neither cancel a check nor turn it into a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+from plugin import metrics
+from plugin.cdi import CdiReconciler, CdiStatus
+from plugin.config import Config
+from plugin.device import CheckResult, DeviceKind, check_host_entry
+from plugin.health import HealthState
+from plugin.logs import log, warn
+from plugin.probe_worker import ProbeWorker
+from plugin.watch import DirWatcher, MountTableWatcher
+
+
+class Monitor:
+    """Device checks and CDI reconciliation, and the watchers that trigger them."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        health: HealthState,
+        worker: ProbeWorker | None,
+        reconciler: CdiReconciler | None,
+    ) -> None:
+        self._cfg = cfg
+        self._health = health
+        self._worker = worker
+        self._reconciler = reconciler
+        self._kind = DeviceKind(cfg.device_name)
+        self._kick = asyncio.Event()
+        self._cdi_flight: asyncio.Task[CdiStatus] | None = None
+        self._device_flight: asyncio.Task[CheckResult] | None = None
+        self._mount_watch: MountTableWatcher | None = None
+        self._dir_watch: DirWatcher | None = None
+
+    # -- checks -------------------------------------------------------------------------
+
+    async def check_device(self) -> CheckResult:
+        """Identity and usability, shared by concurrent callers, recorded whoever waits."""
+        if self._device_flight is None or self._device_flight.done():
+            self._device_flight = asyncio.ensure_future(self._run_device_check())
+        return await asyncio.shield(self._device_flight)
+
+    async def _run_device_check(self) -> CheckResult:
+        started = time.monotonic()
+        if self._worker is None:
+            host = self._cfg.host_view_path
+            result = (
+                check_host_entry(str(host))
+                if host is not None
+                else CheckResult(False, "device-access mode needs --host-dev-dir", 0.0)
+            )
+        else:
+            host = self._cfg.host_view_path
+            result = await self._worker.check(
+                self._kind, self._cfg.hypervisor_device, None if host is None else str(host)
+            )
+        metrics.PROBE_SECONDS.labels(result="ok" if result.ok else "failed").observe(
+            time.monotonic() - started
+        )
+        if not result.ok and self._health.device.ok:
+            warn("device_check_failed", device=self._cfg.hypervisor_device, reason=result.reason)
+        self._health.set_device(result.ok, result.reason)
+        return result
+
+    async def check_cdi(self) -> CdiStatus | None:
+        """Verify the owned spec and repair it now if needed (allocation-triggered repair)."""
+        if self._reconciler is None:
+            return None
+        if self._cdi_flight is None or self._cdi_flight.done():
+            self._cdi_flight = asyncio.ensure_future(self._run_cdi_check())
+        return await asyncio.shield(self._cdi_flight)
+
+    async def _run_cdi_check(self) -> CdiStatus:
+        assert self._reconciler is not None
+        status = await asyncio.to_thread(self._reconciler.reconcile)
+        if status.repaired and status.cause:
+            metrics.CDI_REPAIRS.labels(cause=status.cause).inc()
+            log(
+                "cdi_repaired",
+                cause=status.cause,
+                path=str(self._cfg.cdi_dir / self._cfg.cdi_filename),
+            )
+        if not status.ok:
+            metrics.CDI_FAILURES.labels(state=status.state).inc()
+            if self._health.cdi.ok or self._health.cdi.reason != status.reason:
+                warn("cdi_not_desired", state=status.state, reason=status.reason)
+        self._health.set_cdi(status.ok, status.reason)
+        return status
+
+    async def check_all(self) -> None:
+        """CDI first: devices are never advertised healthy before the spec is right."""
+        await self.check_cdi()
+        await self.check_device()
+        if self._reconciler is None:
+            self._health.set_cdi(True, "")
+
+    # -- triggers -----------------------------------------------------------------------
+
+    def _on_dir_event(self, _dir: Path, _name: str) -> None:
+        self._kick.set()
+
+    def _on_mount_change(self, loop: asyncio.AbstractEventLoop) -> None:
+        def both() -> None:
+            self._kick.set()
+            if self._dir_watch is not None:
+                self._dir_watch.rewatch()
+
+        loop.call_soon_threadsafe(both)
+
+    async def run(self) -> None:
+        """Re-check on inotify events, mount-table changes and every recheck interval."""
+        loop = asyncio.get_running_loop()
+        dirs = [self._cfg.cdi_dir] if self._reconciler is not None else []
+        if self._cfg.host_dev_dir is not None:
+            dirs.append(self._cfg.host_dev_dir)
+        self._dir_watch = DirWatcher(dirs, self._on_dir_event, self._cfg.recheck_interval_s)
+        self._mount_watch = MountTableWatcher(lambda: self._on_mount_change(loop))
+        self._mount_watch.start()
+        watcher = asyncio.ensure_future(self._dir_watch.run())
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._kick.wait(), self._cfg.recheck_interval_s)
+                self._kick.clear()
+                await self.check_all()
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            self._mount_watch.close()

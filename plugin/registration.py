@@ -1,0 +1,190 @@
+"""Serve, then register; watch for a kubelet restart; serve again under a fresh name.
+
+A fresh socket name per start and a fully restarted gRPC server avoid the kubelet bug where a
+late disconnect of the old stream zeroes the new registration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+
+from plugin import metrics
+from plugin.api import deviceplugin_pb2 as pb
+from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from plugin.config import Config
+from plugin.endpoints import GrpcHealth
+from plugin.health import HealthState
+from plugin.logs import log, warn
+from plugin.watch import DirWatcher
+
+KUBELET_SOCKET = "kubelet.sock"
+API_VERSION = "v1beta1"
+# Fallback poll for restart detection when inotify events are missed (e.g. a remounted dir).
+RESTART_POLL_S = 1.0
+
+
+def _inode(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+class Registrar:
+    """Owns the gRPC server's lifetime and the registration with the kubelet."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        health: HealthState,
+        make_servicer: Callable[[], pb_grpc.DevicePluginServicer],
+    ) -> None:
+        self._cfg = cfg
+        self._health = health
+        self._make_servicer = make_servicer
+        self._server: grpc.aio.Server | None = None
+        self._socket: Path | None = None
+        self._socket_inode: tuple[int, int] | None = None
+        self._kubelet_inode: tuple[int, int] | None = None
+        self._kick = asyncio.Event()
+        self.registrations = 0
+
+    @property
+    def socket_path(self) -> Path | None:
+        return self._socket
+
+    def _on_dir_event(self, _dir: Path, _name: str) -> None:
+        self._kick.set()
+
+    def kick(self) -> None:
+        """Something changed (mount table, signal): re-evaluate now instead of at the next poll."""
+        self._kick.set()
+
+    async def _serve(self) -> None:
+        await self._stop_server()
+        name = f"{self._cfg.socket_prefix}-{secrets.token_hex(4)}.sock"
+        path = self._cfg.device_plugin_dir / name
+        server = grpc.aio.server()
+        pb_grpc.add_DevicePluginServicer_to_server(self._make_servicer(), server)
+        health_pb2_grpc.add_HealthServicer_to_server(GrpcHealth(self._health), server)
+        server.add_insecure_port(f"unix:{path}")
+        await server.start()
+        self._server, self._socket, self._socket_inode = server, path, _inode(path)
+        log("serving", socket=str(path))
+
+    async def _stop_server(self) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=0.5)
+            self._server = None
+        if self._socket is not None:
+            # grpcio removes its own socket on stop; this covers a server that never started.
+            if _inode(self._socket) == self._socket_inode:
+                with contextlib.suppress(FileNotFoundError):
+                    self._socket.unlink()
+            self._socket = None
+
+    async def _register_once(self) -> None:
+        assert self._socket is not None
+        target = f"unix:{self._cfg.device_plugin_dir / KUBELET_SOCKET}"
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = pb_grpc.RegistrationStub(channel)
+            await stub.Register(
+                pb.RegisterRequest(
+                    version=API_VERSION,
+                    endpoint=self._socket.name,
+                    resource_name=self._cfg.resource_name,
+                    options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
+                ),
+                timeout=self._cfg.register_attempt_timeout_s,
+                # Fail fast: a missing kubelet is retried on its socket's creation event.
+                wait_for_ready=False,
+            )
+
+    async def _wait_kick(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._kick.wait(), timeout)
+        except TimeoutError:
+            return False
+        self._kick.clear()
+        return True
+
+    async def _register_with_backoff(self) -> bool:
+        backoff = self._cfg.register_backoff_initial_s
+        last = ""
+        for attempt in range(1, self._cfg.register_attempts + 1):
+            self._kubelet_inode = _inode(self._cfg.device_plugin_dir / KUBELET_SOCKET)
+            try:
+                await self._register_once()
+            except grpc.aio.AioRpcError as exc:
+                last = f"{exc.code().name}: {exc.details()}"
+                metrics.REGISTRATIONS.labels(result="failed").inc()
+                warn("register_failed", attempt=attempt, error=last, socket=str(self._socket))
+                self._health.set_registered(False, f"attempt {attempt} failed: {last}")
+                # Full jitter: many plugins restarting with one kubelet must not stampede it.
+                await self._wait_kick(random.uniform(backoff / 2, backoff))
+                backoff = min(backoff * 2, self._cfg.register_backoff_max_s)
+                if _inode(self._socket) != self._socket_inode:  # type: ignore[arg-type]
+                    await self._serve()
+                continue
+            self.registrations += 1
+            metrics.REGISTRATIONS.labels(result="ok").inc()
+            log(
+                "registered",
+                attempt=attempt,
+                socket=str(self._socket),
+                resource=self._cfg.resource_name,
+            )
+            self._health.set_registered(True, "")
+            return True
+        self._health.set_registered(
+            False,
+            f"gave up after {self._cfg.register_attempts} attempts ({last}); "
+            "waiting for kubelet.sock to change",
+        )
+        return False
+
+    def _restart_needed(self) -> str:
+        if self._socket is None or _inode(self._socket) != self._socket_inode:
+            return "own socket removed"
+        kubelet = _inode(self._cfg.device_plugin_dir / KUBELET_SOCKET)
+        if kubelet is not None and kubelet != self._kubelet_inode:
+            return "kubelet.sock re-created"
+        return ""
+
+    async def _wait_restart_needed(self) -> str:
+        while not (reason := self._restart_needed()):
+            await self._wait_kick(RESTART_POLL_S)
+        return reason
+
+    async def run(self) -> None:
+        watcher = DirWatcher([self._cfg.device_plugin_dir], self._on_dir_event, RESTART_POLL_S)
+        watch_task = asyncio.ensure_future(watcher.run())
+        try:
+            await self._serve()
+            registered = await self._register_with_backoff()
+            while True:
+                reason = await self._wait_restart_needed()
+                log("restart_detected", reason=reason, registered=registered)
+                if registered:
+                    self._health.set_registered(False, f"re-registering: {reason}")
+                await self._serve()
+                # After giving up, only a changed kubelet.sock is worth a new round of attempts.
+                if registered or reason == "kubelet.sock re-created":
+                    registered = await self._register_with_backoff()
+        finally:
+            watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch_task
+            await self._stop_server()
+
+    async def stop(self) -> None:
+        await self._stop_server()

@@ -1,0 +1,162 @@
+"""The v1beta1 DevicePlugin servicer: options, ListAndWatch, preferred allocation, Allocate."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+
+from plugin import metrics
+from plugin.api import deviceplugin_pb2 as pb
+from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from plugin.config import Config
+from plugin.health import HealthState
+from plugin.logs import log, warn
+from plugin.monitor import Monitor
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+
+
+def device_ids(cfg: Config) -> list[str]:
+    if cfg.mode == "device-access":
+        return [f"{cfg.device_name}-access"]
+    return [f"{cfg.device_name}-{i}" for i in range(cfg.slots)]
+
+
+def _index(device_id: str) -> tuple[int, str]:
+    tail = device_id.rsplit("-", 1)[-1]
+    return (int(tail), device_id) if tail.isdigit() else (1 << 62, device_id)
+
+
+def preferred(available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+    """Deterministic choice: the required IDs, then the lowest-numbered available ones."""
+    chosen = list(dict.fromkeys(must_include))[:size]
+    for device_id in sorted(set(available) - set(chosen), key=_index):
+        if len(chosen) >= size:
+            break
+        chosen.append(device_id)
+    return chosen
+
+
+class DevicePluginServicer(pb_grpc.DevicePluginServicer):
+    """Serves one resource; health comes from the shared HealthState only."""
+
+    def __init__(self, cfg: Config, health: HealthState, monitor: Monitor) -> None:
+        self._cfg = cfg
+        self._health = health
+        self._monitor = monitor
+        self._ids = device_ids(cfg)
+        self._known = frozenset(self._ids)
+        self._cdi_name = f"{cfg.resource_name}={cfg.device_name}"
+
+    def _snapshot(self) -> pb.ListAndWatchResponse:
+        state = HEALTHY if self._health.healthy else UNHEALTHY
+        return pb.ListAndWatchResponse(devices=[pb.Device(ID=i, health=state) for i in self._ids])
+
+    async def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
+    ) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(
+            pre_start_required=False, get_preferred_allocation_available=True
+        )
+
+    async def ListAndWatch(
+        self,
+        request: pb.Empty,
+        context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse],
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        self._health.stream_opened()
+        log("stream_opened", streams=self._health.streams)
+        try:
+            seen = self._health.generation
+            yield self._snapshot()
+            while not self._health.shutting_down:
+                seen = await self._health.wait_change(seen)
+                if self._health.shutting_down:
+                    # An empty list drops the resource at once instead of after the grace period.
+                    yield pb.ListAndWatchResponse(devices=[])
+                    return
+                yield self._snapshot()
+        finally:
+            self._health.stream_closed()
+            log("stream_closed", streams=self._health.streams)
+
+    async def GetPreferredAllocation(
+        self,
+        request: pb.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[
+            pb.PreferredAllocationRequest, pb.PreferredAllocationResponse
+        ],
+    ) -> pb.PreferredAllocationResponse:
+        return pb.PreferredAllocationResponse(
+            container_responses=[
+                pb.ContainerPreferredAllocationResponse(
+                    deviceIDs=preferred(
+                        r.available_deviceIDs, r.must_include_deviceIDs, r.allocation_size
+                    )
+                )
+                for r in request.container_requests
+            ]
+        )
+
+    async def PreStartContainer(
+        self,
+        request: pb.PreStartContainerRequest,
+        context: grpc.aio.ServicerContext[
+            pb.PreStartContainerRequest, pb.PreStartContainerResponse
+        ],
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+    def _invalid_ids(self, request: pb.AllocateRequest) -> str:
+        if not request.container_requests:
+            return "no container requests"
+        for creq in request.container_requests:
+            ids = list(creq.devices_ids)
+            if not ids:
+                return "a container request has no device IDs"
+            unknown = [i for i in ids if i not in self._known]
+            if unknown:
+                return f"unknown device IDs: {', '.join(sorted(unknown))}"
+            if len(set(ids)) != len(ids):
+                return f"duplicate device IDs: {', '.join(sorted(i for i in set(ids) if ids.count(i) > 1))}"
+        return ""
+
+    def _container_response(self) -> pb.ContainerAllocateResponse:
+        device = self._cfg.hypervisor_device
+        if self._cfg.mode == "device-access":
+            # "m" (mknod) is never granted: the pod gets read/write on the one node only.
+            return pb.ContainerAllocateResponse(
+                devices=[pb.DeviceSpec(container_path=device, host_path=device, permissions="rw")]
+            )
+        return pb.ContainerAllocateResponse(
+            cdi_devices=[pb.CDIDevice(name=self._cdi_name)],
+            envs={"HYPERLIGHT_HYPERVISOR": self._cfg.device_name, "HYPERLIGHT_DEVICE_PATH": device},
+        )
+
+    async def Allocate(
+        self,
+        request: pb.AllocateRequest,
+        context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
+    ) -> pb.AllocateResponse:
+        invalid = self._invalid_ids(request)
+        if invalid:
+            metrics.ALLOCATIONS.labels(result="invalid_argument").inc()
+            warn("allocate_refused", code="INVALID_ARGUMENT", reason=invalid)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid)
+        # Re-verify on every allocation: repair the spec first, then prove the device usable.
+        await self._monitor.check_cdi()
+        await self._monitor.check_device()
+        reasons = self._health.readiness_reasons()
+        if reasons:
+            message = "not ready: " + "; ".join(reasons)
+            metrics.ALLOCATIONS.labels(result="unavailable").inc()
+            warn("allocate_refused", code="UNAVAILABLE", reason=message)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, message)
+        metrics.ALLOCATIONS.labels(result="ok").inc()
+        ids = [list(c.devices_ids) for c in request.container_requests]
+        log("allocated", devices=ids)
+        return pb.AllocateResponse(
+            container_responses=[self._container_response() for _ in request.container_requests]
+        )

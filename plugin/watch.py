@@ -1,0 +1,143 @@
+"""Change notification: inotify on directories and the mount table, with a polling fallback.
+
+Watchers only say "something may have changed"; callers re-check the real state. That keeps
+every decision on fresh lstat/open results and makes a missed or spurious event harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import select
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from asyncinotify import Inotify, Mask
+
+from plugin.logs import log, warn
+
+_DIR_MASK = (
+    Mask.CREATE
+    | Mask.DELETE
+    | Mask.MOVED_FROM
+    | Mask.MOVED_TO
+    | Mask.CLOSE_WRITE
+    | Mask.MODIFY
+    | Mask.ATTRIB
+    | Mask.DELETE_SELF
+    | Mask.MOVE_SELF
+    | Mask.ONLYDIR
+)
+# After these the watch is gone (or points at a replaced inode): watch the path again.
+_REWATCH = Mask.IGNORED | Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.UNMOUNT
+
+
+class MountTableWatcher:
+    """Calls back when this process's mount table changes (a remount, a bind mount, an unmount).
+
+    A read-only remount or a mount over a watched directory fires no inotify event; the kernel
+    signals mount-table changes as POLLPRI on /proc/self/mountinfo instead.
+    """
+
+    def __init__(self, on_change: Callable[[], None]) -> None:
+        self._on_change = on_change
+        self._stop_r, self._stop_w = os.pipe()
+        self._thread = threading.Thread(target=self._run, name="mount-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._stop_w, b"x")
+        self._thread.join(timeout=5)
+        for fd in (self._stop_r, self._stop_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _run(self) -> None:
+        try:
+            mountinfo = open("/proc/self/mountinfo", "rb")  # noqa: SIM115 - lives with the thread
+        except OSError as exc:
+            warn("mount_watch_unavailable", error=str(exc))
+            return
+        with mountinfo:
+            poller = select.poll()
+            poller.register(mountinfo.fileno(), select.POLLPRI | select.POLLERR)
+            poller.register(self._stop_r, select.POLLIN)
+            mountinfo.read()
+            while True:
+                for fd, _ in poller.poll():
+                    if fd == self._stop_r:
+                        return
+                    mountinfo.seek(0)
+                    mountinfo.read()
+                    self._on_change()
+
+
+class DirWatcher:
+    """Watches directories with inotify and calls back on any event in them.
+
+    Directories that cannot be watched (missing, not yet mounted) are retried on every
+    `rewatch()` and every poll interval, and the callback fires on each poll meanwhile, so a
+    caller always gets at least a polling fallback.
+    """
+
+    def __init__(
+        self,
+        dirs: Sequence[Path],
+        on_event: Callable[[Path, str], None],
+        poll_interval_s: float,
+    ) -> None:
+        self._dirs = list(dirs)
+        self._on_event = on_event
+        self._poll_interval_s = poll_interval_s
+        self._rewatch = asyncio.Event()
+
+    def rewatch(self) -> None:
+        """Drop and re-add every watch (the mount table changed under a watched path)."""
+        self._rewatch.set()
+
+    async def run(self) -> None:
+        while True:
+            self._rewatch.clear()
+            with Inotify() as inotify:
+                missing = []
+                for d in self._dirs:
+                    try:
+                        inotify.add_watch(d, _DIR_MASK | Mask.DONT_FOLLOW)
+                    except OSError as exc:
+                        missing.append(str(d))
+                        warn("watch_unavailable", path=str(d), error=str(exc), fallback="poll")
+                if missing:
+                    # Fire once so callers re-check now; then keep polling until watchable.
+                    for d in self._dirs:
+                        self._on_event(d, "")
+                await self._pump(inotify, poll=bool(missing))
+
+    async def _pump(self, inotify: Inotify, poll: bool) -> None:
+        rewatch = asyncio.ensure_future(self._rewatch.wait())
+        try:
+            while True:
+                nxt = asyncio.ensure_future(inotify.get())
+                done, _ = await asyncio.wait(
+                    {nxt, rewatch},
+                    timeout=self._poll_interval_s if poll else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if nxt not in done:
+                    nxt.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await nxt
+                if rewatch in done or (poll and not done):
+                    return
+                event = nxt.result()
+                base = event.watch.path if event.watch is not None else Path("/")
+                self._on_event(Path(base), event.name.name if event.name else "")
+                if event.mask & _REWATCH:
+                    log("watch_lost", path=str(base), mask=str(event.mask))
+                    return
+        finally:
+            rewatch.cancel()
