@@ -15,7 +15,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from plugin import __version__, logs
-from plugin.cdi import CdiReconciler, desired_spec
+from plugin.cdi import CdiReconciler
+from plugin.cdi_spec import desired_spec
 from plugin.config import Config, ConfigError, env_name, parse_config
 from plugin.endpoints import LIVENESS_SERVICE, READINESS_SERVICE, HttpEndpoints
 from plugin.health import HealthState

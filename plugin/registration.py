@@ -121,6 +121,8 @@ class Registrar:
         backoff = self._cfg.register_backoff_initial_s
         last = ""
         for attempt in range(1, self._cfg.register_attempts + 1):
+            if _inode(self._socket) != self._socket_inode:  # type: ignore[arg-type]
+                await self._serve()  # removed under us (kubelet start-up cleanup): serve again
             self._kubelet_inode = _inode(self._cfg.device_plugin_dir / KUBELET_SOCKET)
             try:
                 await self._register_once()
@@ -132,8 +134,6 @@ class Registrar:
                 # Full jitter: many plugins restarting with one kubelet must not stampede it.
                 await self._wait_kick(random.uniform(backoff / 2, backoff))
                 backoff = min(backoff * 2, self._cfg.register_backoff_max_s)
-                if _inode(self._socket) != self._socket_inode:  # type: ignore[arg-type]
-                    await self._serve()
                 continue
             self.registrations += 1
             metrics.REGISTRATIONS.labels(result="ok").inc()

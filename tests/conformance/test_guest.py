@@ -1,0 +1,460 @@
+"""Tests for conformance.guest: real KVM guests, real subprocesses, real device nodes."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.guest import kvm_guest
+from conformance.guest.cdi_resolve import (
+    CDIRegistry,
+    UnresolvableCDIDevice,
+    parse_qualified_name,
+    resolve,
+)
+from conformance.guest.kvm_guest import (
+    COUNTER_ADDR,
+    COUNTER_CODE,
+    GUEST_BASE,
+    OUT_PORT,
+    KvmError,
+    KvmVm,
+    expected_value,
+    run_counter,
+    run_guest,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+KVM = "/dev/kvm"
+NAME = "hyperlight.dev/hypervisor=kvm"
+
+kvm_usable = pytest.mark.skipif(
+    not os.access(KVM, os.R_OK | os.W_OK), reason="needs a usable /dev/kvm"
+)
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, chown, setuid)")
+
+
+def _children() -> set[int]:
+    """PIDs whose parent is this process (from /proc/*/stat)."""
+    kids: set[int] = set()
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == os.getpid():
+            kids.add(int(stat_file.parent.name))
+    return kids
+
+
+def _fd_count() -> int:
+    return len(list(Path("/proc/self/fd").iterdir()))
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_processes() -> Iterator[None]:
+    before = _children()
+    yield
+    assert _children() - before == set(), "a test left child processes behind"
+
+
+@pytest.fixture
+def node_dir() -> Iterator[Path]:
+    """A world-traversable temp dir (pytest's tmp_path is 0700 root, unreachable for 65534)."""
+    path = Path(tempfile.mkdtemp(prefix="guest-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+    assert not path.exists()
+
+
+def _mknod(path: Path, major: int, minor: int, owner: int = 0) -> Path:
+    os.mknod(path, 0o600 | 0o020000, os.makedev(major, minor))  # S_IFCHR
+    os.chown(path, owner, owner)
+    path.chmod(0o600)  # mknod honours the umask; set the mode explicitly
+    return path
+
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "conformance.guest", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+
+
+def _json_lines(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def _wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll a condition until it holds or the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.01)
+
+
+# ---------------------------------------------------------------- KVM guest, in process
+
+
+@kvm_usable
+@pytest.mark.kvm
+def test_guest_computes_value_from_inputs() -> None:
+    inputs = [(0, 0), (6, 7), (100, 200), (255, 256), (1234, 4321), (65535, 65535)]
+    values = []
+    for a, b in inputs:
+        res = run_guest(KVM, a, b)
+        assert res.ok, res.reason
+        assert res.value == res.expected == expected_value(a, b)
+        assert res.exits == [f"IO:out:{OUT_PORT:#x}:2:{res.value:#x}", "HLT"]
+        assert res.duration_s > 0
+        values.append(res.value)
+    # distinct inputs, distinct outputs: the number comes from the guest, not a constant
+    assert len(set(values)) == len(inputs)
+
+
+@kvm_usable
+@pytest.mark.kvm
+def test_fresh_execution_after_disposal() -> None:
+    fds = _fd_count()
+    first, second = run_guest(KVM, 3, 4), run_guest(KVM, 5, 6)
+    assert first.ok and second.ok and first.value != second.value
+    # guest memory belongs to its VM: a counter advanced in vm1 starts from 0 in vm2
+    with KvmVm(KVM) as vm1, KvmVm(KVM) as vm2:
+        for vm in (vm1, vm2):
+            vm.write(GUEST_BASE, COUNTER_CODE)
+        for _ in range(3):
+            vm1.enter(GUEST_BASE)
+        _, outs = vm2.enter(GUEST_BASE)
+        assert (vm1.read_u32(COUNTER_ADDR), outs) == (3, [1])
+    vm3 = KvmVm(KVM)
+    vm3.write(GUEST_BASE, COUNTER_CODE)
+    assert vm3.enter(GUEST_BASE) == ([f"IO:out:{OUT_PORT:#x}:4:0x1", "HLT"], [1])
+    vm3.close()
+    vm3.close()  # idempotent
+    assert _fd_count() == fds, "a VM leaked file descriptors"
+    assert "anon_inode:kvm" not in Path("/proc/self/maps").read_text()
+
+
+@kvm_usable
+@pytest.mark.kvm
+def test_guest_run_time_is_small() -> None:
+    durations = [run_guest(KVM, i, i + 1).duration_s for i in range(20)]
+    assert statistics.median(durations) < 0.5
+
+
+def test_bad_inputs_and_paths_are_reported() -> None:
+    with pytest.raises(ValueError, match=r"0\.\.65535"):
+        run_guest(KVM, -1, 2)
+    res = run_guest("/nonexistent/kvm", 1, 2)
+    assert not res.ok and "No such file" in res.reason and res.value is None
+
+
+# ---------------------------------------------------------------- device nodes, subprocesses
+
+
+@kvm_usable
+@needs_root
+@pytest.mark.kvm
+@pytest.mark.root
+def test_guest_unprivileged_with_zero_capabilities(node_dir: Path) -> None:
+    node = _mknod(node_dir / "kvm", 10, 232, owner=65534)  # what CDI uid/gid give a pod
+    proc = _cli("run", "--device", str(node), "--runs", "3", "--drop-privileges", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = _json_lines(proc.stdout)
+    assert len(runs) == 3 and len({r["value"] for r in runs}) == 3
+    for rec in runs:
+        assert rec["ok"] and rec["value"] == rec["expected"], rec
+        assert (rec["uid"], rec["gid"]) == (65534, 65534)
+        privs = rec["privileges"]
+        for cap in ("CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"):
+            assert int(privs[cap], 16) == 0
+        assert privs["NoNewPrivs"] == "1"
+        assert privs["Uid"] == "65534 65534 65534 65534" and privs["Groups"] == ""
+    # the root-owned 0600 host node is refused to the same unprivileged process
+    denied = _cli("run", "--device", KVM, "--drop-privileges", "--json")
+    assert denied.returncode == 1
+    assert "Permission denied" in _json_lines(denied.stdout)[0]["reason"]
+
+
+@kvm_usable
+@needs_root
+@pytest.mark.kvm
+@pytest.mark.root
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_drop_privileges_in_an_already_unprivileged_process(node_dir: Path) -> None:
+    node = _mknod(node_dir / "kvm", 10, 232, owner=65534)
+    ids = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    guest = [sys.executable, "-m", "conformance.guest", "run", "--device", str(node)]
+    guest += ["--drop-privileges", "--json"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        cmd = [*ids, *extra, *guest]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+
+    # like a pod with runAsUser 65534 and capabilities drop ALL: nothing left to drop, still ok
+    hardened = run("--bounding-set=-all", "--inh-caps=-all")
+    assert hardened.returncode == 0, hardened.stdout + hardened.stderr
+    assert _json_lines(hardened.stdout)[0]["ok"]
+    # a bounding set that can no longer be emptied is a setup failure with a clear reason
+    partial = run()
+    assert partial.returncode == 3
+    (rec,) = _json_lines(partial.stdout)
+    assert rec["stage"] == "privileges" and "PR_CAPBSET_DROP" in rec["reason"]
+
+
+@kvm_usable
+@needs_root
+@pytest.mark.kvm
+@pytest.mark.root
+def test_cli_resolves_cdi_then_runs(node_dir: Path) -> None:
+    node = _mknod(node_dir / "kvm", 10, 232, owner=65534)
+    cdi = node_dir / "cdi"
+    cdi.mkdir()
+    _spec(cdi / "hyperlight.json", str(node), env=["HYPERLIGHT_HYPERVISOR=kvm"])
+    proc = _cli("run", "--cdi-device", NAME, "--cdi-dir", str(cdi), "--drop-privileges", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (rec,) = _json_lines(proc.stdout)
+    assert rec["ok"] and rec["device"] == str(node)
+    assert rec["cdi"]["spec_file"] == str(cdi / "hyperlight.json")
+    assert rec["cdi"]["env"] == {"HYPERLIGHT_HYPERVISOR": "kvm"}
+
+
+@needs_root
+@pytest.mark.root
+def test_dev_null_numbered_node_fails_clearly(node_dir: Path) -> None:
+    node = _mknod(node_dir / "not-kvm", 1, 3)
+    proc = _cli("run", "--device", str(node), "--json")
+    assert proc.returncode == 1
+    (rec,) = _json_lines(proc.stdout)
+    assert not rec["ok"] and rec["value"] is None
+    assert "(char 1:3) is not a KVM device" in rec["reason"]
+    assert "KVM_GET_API_VERSION" in rec["reason"] and "errno 25" in rec["reason"]
+
+
+def test_cli_rejects_bad_input() -> None:
+    assert _cli("--help").returncode == 0 and "examples:" in _cli("--help").stdout
+    no_device = _cli("run")
+    assert no_device.returncode == 2 and "no device" in no_device.stderr
+    assert _cli("run", "--device", KVM, "--runs", "0").returncode == 2
+    bad_name = _cli("run", "--cdi-device", "kvm")
+    assert bad_name.returncode == 2 and "want vendor/class=name" in bad_name.stderr
+    assert _cli("counter", "--device", KVM).returncode == 2  # --state-file missing
+
+
+def test_cli_unresolvable_cdi_device(tmp_path: Path) -> None:
+    proc = _cli("run", "--cdi-device", NAME, "--cdi-dir", str(tmp_path), "--json")
+    assert proc.returncode == 3
+    (rec,) = _json_lines(proc.stdout)
+    assert rec["stage"] == "cdi" and rec["reason"].startswith(f"unresolvable CDI devices {NAME}")
+
+
+# ---------------------------------------------------------------- long-running counter
+
+
+def _read_state(path: Path) -> dict[str, Any] | None:
+    try:
+        state: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    return state
+
+
+@kvm_usable
+@pytest.mark.kvm
+def test_counter_rises_and_stops_on_sigterm(node_dir: Path) -> None:
+    state_file = node_dir / "state.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "conformance.guest", "counter", "--device", KVM]
+    cmd += ["--state-file", str(state_file), "--interval", "0.02"]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    seen: list[int] = []
+
+    def passed_five() -> bool:
+        state = _read_state(state_file)  # rename-replaced: never a torn read
+        if state is None:
+            assert proc.poll() is None, "counter exited early"
+            return False
+        assert state["ok"] and state["pid"] == proc.pid, state
+        seen.append(state["counter"])
+        return bool(state["counter"] > 5)
+
+    try:
+        _wait_until(passed_five, 30, "the guest counter to pass 5")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert seen == sorted(seen)
+    final = _read_state(state_file)
+    assert final is not None and final["ok"] and final["counter"] >= seen[-1]
+    assert not Path(f"/proc/{proc.pid}").exists()
+    assert [p.name for p in node_dir.iterdir()] == ["state.json"]  # no temp files left
+
+
+@kvm_usable
+@pytest.mark.kvm
+def test_counter_exits_nonzero_when_kvm_run_fails(
+    node_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_enter = KvmVm.enter
+    calls = []
+
+    def flaky_enter(self: KvmVm, rip: int) -> tuple[list[str], list[int]]:
+        calls.append(rip)
+        if len(calls) > 3:
+            raise KvmError("KVM_RUN failed: Bad address (errno 14)")
+        return real_enter(self, rip)
+
+    monkeypatch.setattr(kvm_guest.KvmVm, "enter", flaky_enter)
+    state_file = node_dir / "state.json"
+    assert run_counter(KVM, str(state_file), 0, None) == 1
+    state = _read_state(state_file)
+    assert state is not None and state["counter"] == 3 and not state["ok"]
+    assert "KVM_RUN failed" in state["last_error"]
+    assert run_counter("/nonexistent", str(state_file), 0, 1) == 1
+
+
+@kvm_usable
+@pytest.mark.kvm
+def test_counter_max_iterations_in_process(node_dir: Path) -> None:
+    fds = _fd_count()
+    state_file = node_dir / "s.json"
+    assert run_counter(KVM, str(state_file), 0, 25) == 0
+    state = _read_state(state_file)
+    assert state is not None and state == {**state, "counter": 25, "ok": True, "pid": os.getpid()}
+    assert _fd_count() == fds
+
+
+# ---------------------------------------------------------------- CDI resolver
+
+
+def _spec(
+    path: Path,
+    node: str,
+    name: str = "kvm",
+    env: list[str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    edits: dict[str, Any] = {"deviceNodes": [{"path": node, "type": "c", "permissions": "rw"}]}
+    if env:
+        edits["env"] = env
+    spec = {
+        "cdiVersion": "0.6.0",
+        "kind": "hyperlight.dev/hypervisor",
+        "devices": [{"name": name, "containerEdits": edits}],
+        **(extra or {}),
+    }
+    path.write_text(json.dumps(spec))
+
+
+@pytest.fixture
+def two_dirs(tmp_path: Path) -> tuple[Path, Path]:
+    low, high = tmp_path / "etc-cdi", tmp_path / "run-cdi"
+    low.mkdir()
+    high.mkdir()
+    return low, high
+
+
+def test_cdi_later_dir_wins(two_dirs: tuple[Path, Path]) -> None:
+    low, high = two_dirs
+    _spec(low / "a.json", "/dev/low")
+    _spec(high / "a.json", "/dev/high", env=["HYPERLIGHT_DEVICE_PATH=/dev/high"])
+    dev = resolve(NAME, [str(low), str(high)])
+    assert dev.node_paths == ["/dev/high"] and dev.spec_file == str(high / "a.json")
+    assert dev.env == {"HYPERLIGHT_DEVICE_PATH": "/dev/high"}
+    assert resolve(NAME, [str(high), str(low)]).node_paths == ["/dev/low"]
+    assert resolve(NAME, [str(low / "missing"), str(low)]).node_paths == ["/dev/low"]
+
+
+def test_cdi_malformed_files_skipped(tmp_path: Path) -> None:
+    (tmp_path / "0-broken.json").write_text("{not json")
+    _spec(tmp_path / "1-unknown-field.json", "/dev/x", name="other", extra={"bogus": 1})
+    too_old = {"cdiVersion": "0.5.0", "annotations": {"note": "needs 0.6.0"}}
+    _spec(tmp_path / "2-too-old.json", "/dev/x", name="old", extra=too_old)
+    (tmp_path / "3-spec.yaml").write_text("cdiVersion: 0.6.0\n")
+    _spec(tmp_path / "4-good.json", "/dev/kvm")
+    (tmp_path / "sub").mkdir()
+    _spec(tmp_path / "sub" / "nested.json", "/dev/nested", name="nested")  # not recursed
+    registry = CDIRegistry([str(tmp_path)])
+    assert registry.resolve(NAME).node_paths == ["/dev/kvm"]
+    assert set(registry.errors) == {
+        str(tmp_path / n)
+        for n in ("0-broken.json", "1-unknown-field.json", "2-too-old.json", "3-spec.yaml")
+    }
+    assert "unknown field(s) bogus" in registry.errors[str(tmp_path / "1-unknown-field.json")][0]
+    assert "too old" in registry.errors[str(tmp_path / "2-too-old.json")][0]
+    assert "YAML" in registry.errors[str(tmp_path / "3-spec.yaml")][0]
+    for name in ("other", "old", "nested"):
+        with pytest.raises(UnresolvableCDIDevice):
+            registry.resolve(f"hyperlight.dev/hypervisor={name}")
+
+
+def test_cdi_conflicting_duplicate_dropped(two_dirs: tuple[Path, Path]) -> None:
+    low, high = two_dirs
+    _spec(high / "a.json", "/dev/a")
+    _spec(high / "b.json", "/dev/b")
+    _spec(high / "c.json", "/dev/c", name="mshv")
+    _spec(low / "a.json", "/dev/low")
+    registry = CDIRegistry([str(low), str(high)])
+    with pytest.raises(UnresolvableCDIDevice) as info:
+        registry.resolve(NAME)
+    assert str(info.value) == f"unresolvable CDI devices {NAME}"
+    assert "conflicting device" in registry.errors[str(high / "a.json")][0]
+    assert "conflicting device" in registry.errors[str(high / "b.json")][0]
+    assert registry.resolve("hyperlight.dev/hypervisor=mshv").node_paths == ["/dev/c"]
+
+
+def test_cdi_unknown_device_exact_message(tmp_path: Path) -> None:
+    _spec(tmp_path / "a.json", "/dev/kvm")
+    with pytest.raises(UnresolvableCDIDevice) as info:
+        resolve("hyperlight.dev/hypervisor=mshv", [str(tmp_path)])
+    assert str(info.value) == "unresolvable CDI devices hyperlight.dev/hypervisor=mshv"
+    with pytest.raises(UnresolvableCDIDevice, match=r"^unresolvable CDI devices a/b=c, d/e=f$"):
+        CDIRegistry([str(tmp_path)]).resolve_all([NAME, "a/b=c", "d/e=f"])
+
+
+def test_cdi_names_and_merged_edits(tmp_path: Path) -> None:
+    assert parse_qualified_name(NAME) == ("hyperlight.dev", "hypervisor", "kvm")
+    for bad in ("kvm", "a/b", "1a/b=c", "a/b=c-", "a/b=", "/b=c"):
+        with pytest.raises(ValueError, match="invalid CDI device name"):
+            parse_qualified_name(bad)
+    extra = {"containerEdits": {"env": ["A=1", "B=top"]}}
+    _spec(tmp_path / "a.json", "/dev/kvm", env=["B=dev"], extra=extra)
+    dev = resolve(NAME, [str(tmp_path)])
+    assert dev.env == {"A": "1", "B": "dev"}
+    (node,) = dev.device_nodes
+    assert (node.path, node.type, node.permissions) == ("/dev/kvm", "c", "rw")
+
+
+def test_guest_package_imports_only_the_standard_library() -> None:
+    """It runs inside minimal containers: stdlib plus its own package, nothing else."""
+    for source in (REPO / "conformance" / "guest").glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                allowed = top in sys.stdlib_module_names or name.startswith("conformance.guest")
+                assert allowed, f"{source.name} imports {name}"
