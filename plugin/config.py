@@ -209,6 +209,13 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
     for flag in ("device-plugin-dir", "cdi-dir"):
         if not Path(getattr(ns, flag.replace("-", "_"))).is_absolute():
             raise ConfigError(f"--{flag} must be an absolute path")
+    # sun_path holds 107 bytes plus NUL; the socket name adds the prefix, 8 hex digits and ".sock".
+    longest = len(str(ns.device_plugin_dir).rstrip("/")) + len("/hyperlight-access-12345678.sock")
+    if longest > 107:
+        raise ConfigError(
+            f"--device-plugin-dir {ns.device_plugin_dir!r} is too long for a unix socket path "
+            f"({longest} > 107 bytes)"
+        )
     return Config(
         mode=mode,
         hypervisor_device=device,

@@ -145,6 +145,7 @@ class Registrar:
             )
             self._health.set_registered(True, "")
             return True
+        warn("register_gave_up", attempts=self._cfg.register_attempts, error=last)
         self._health.set_registered(
             False,
             f"gave up after {self._cfg.register_attempts} attempts ({last}); "

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,8 +12,12 @@ from tests.plugin.plugin_process import Node, PluginProcess, wait_for
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Node:
-    return Node(tmp_path)
+def node() -> Iterator[Node]:
+    # Short root on purpose: unix socket paths must fit in 107 bytes.
+    root = Path(tempfile.mkdtemp(prefix="hvp-", dir="/tmp"))
+    yield Node(root)
+    shutil.rmtree(root)
+    assert not root.exists()
 
 
 @pytest.fixture

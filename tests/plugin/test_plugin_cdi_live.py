@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,19 @@ SPEC = "hyperlight.json"
 def _mounted(path: Path) -> bool:
     needle = f" {path} "
     return any(needle in line for line in Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+def _replace_with_dir(path: Path) -> None:
+    """Put a directory where the spec is; the plugin may repair in between, so retry."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            path.unlink(missing_ok=True)
+            path.mkdir()
+            return
+        except FileExistsError:
+            if time.monotonic() > deadline:
+                raise
 
 
 @pytest.fixture
@@ -72,8 +86,7 @@ def test_directory_at_spec_path_is_unhealthy_then_recovers(
     plugin: PluginProcess, node: Node, stream: Stream
 ) -> None:
     spec = node.cdi_dir / SPEC
-    spec.unlink()
-    spec.mkdir()
+    _replace_with_dir(spec)
     (spec / "keep").write_text("x")
     wait_for(lambda: stream.healthy_count() == 0, 10, "unhealthy snapshot for a directory at spec")
     status, body = plugin.http("/readyz")
@@ -119,8 +132,9 @@ def test_symlink_at_spec_path_not_followed(
     target = tmp_path / "elsewhere.json"
     target.write_bytes(b"precious\n")
     spec = node.cdi_dir / SPEC
-    spec.unlink()
-    os.symlink(target, spec)
+    link = node.cdi_dir / ".link"
+    os.symlink(target, link)
+    link.rename(spec)  # atomic swap, as an attacker would do it: no window for a repair
     wait_for(lambda: stream.healthy_count() == 0, 10, "unhealthy snapshot for a symlink at spec")
     assert target.read_bytes() == b"precious\n" and spec.is_symlink()
     spec.unlink()

@@ -1,0 +1,108 @@
+"""Start-up refusal, device-access mode, bounded registration, exec probes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.plugin.kubelet_stub import KubeletStub
+from tests.plugin.plugin_process import Node, PluginProcess, Stream, wait_for
+
+PLUGIN = [sys.executable, "-m", "plugin"]
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["/dev/null", "/etc/passwd", "dev/kvm", "/dev/kvm/../null", "/dev//kvm", "", "SYMLINK"],
+)
+def test_invalid_hypervisor_device_refused_before_writing(tmp_path: Path, device: str) -> None:
+    if device == "SYMLINK":
+        device = str(tmp_path / "kvm-link")
+        os.symlink("/dev/kvm", device)
+    cdi, plugins = tmp_path / "cdi", tmp_path / "plugins"
+    cdi.mkdir()
+    plugins.mkdir()
+    proc = subprocess.run(
+        [*PLUGIN, "--hypervisor-device", device, "--cdi-dir", str(cdi),
+         "--device-plugin-dir", str(plugins), "--health-addr", ""],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "refused" in lines[0], proc.stderr
+    assert not list(cdi.iterdir()) and not list(plugins.iterdir()), "nothing may be written"
+
+
+def test_env_variable_sets_option(tmp_path: Path) -> None:
+    proc = subprocess.run([*PLUGIN, "--health-addr", ""], capture_output=True, text=True,
+                          timeout=30, env={**os.environ, "HV_HYPERVISOR_DEVICE": "/dev/null"})
+    assert proc.returncode == 2 and "/dev/null" in proc.stderr
+
+
+def test_help_names_every_env_variable() -> None:
+    out = subprocess.run([*PLUGIN, "--help"], capture_output=True, text=True, timeout=30).stdout
+    for env in ("HV_HYPERVISOR_DEVICE", "HV_CDI_DIR", "HV_HOST_DEV_DIR", "HV_PROBE_TIMEOUT",
+                "HV_MODE", "HV_REGISTER_ATTEMPTS"):
+        assert env in out
+
+
+def test_device_access_mode_gives_a_device_spec(node: Node, kubelet: KubeletStub) -> None:
+    proc = PluginProcess(node, kubelet, "--mode", "device-access")
+    try:
+        (reg,) = kubelet.wait_registrations(1, 20)
+        assert reg.resource_name == "hyperlight.dev/device-access"
+        assert reg.endpoint.startswith("hyperlight-access-")
+        stream = Stream(proc.socket())
+        wait_for(lambda: stream.healthy_count() == 1, 10, "one healthy device-access device")
+        assert stream.snapshots[-1] == [("kvm-access", "Healthy")]
+        (c,) = proc.allocate("kvm-access").container_responses
+        assert [(d.container_path, d.host_path, d.permissions) for d in c.devices] == [
+            ("/dev/kvm", "/dev/kvm", "rw")
+        ]
+        assert not c.cdi_devices
+        assert not list(node.cdi_dir.iterdir()), "device-access mode writes no CDI spec"
+        stream.cancel()
+    finally:
+        assert proc.stop() == 0
+
+
+def test_registration_bounded_then_recovers(node: Node) -> None:
+    kubelet = KubeletStub(node.plugin_dir)  # not started: nobody listens on kubelet.sock
+    proc = PluginProcess(node, kubelet, "--register-attempts", "3",
+                         "--register-backoff-max", "0.2")
+    try:
+        wait_for(lambda: any(e.get("event") == "register_gave_up" for e in proc.events()),
+                 30, "plugin to give up after 3 attempts")
+        failures = [e for e in proc.events() if e.get("event") == "register_failed"]
+        assert len(failures) == 3
+        status, body = proc.http("/readyz")
+        assert status == 503 and "gave up" in body["conditions"]["registered"]["reason"]
+        assert proc.http("/healthz")[0] == 200
+        kubelet.start()
+        (reg,) = kubelet.wait_registrations(1, 20)
+        assert reg.serving
+        stream = Stream(proc.socket())
+        wait_for(proc.ready, 10, "readiness after the kubelet appeared")
+        stream.cancel()
+    finally:
+        assert proc.stop() == 0
+        kubelet.stop()
+
+
+def test_exec_probe_subcommand(plugin: PluginProcess, node: Node) -> None:
+    def probe(which: str) -> tuple[int, dict[str, str]]:
+        r = subprocess.run([*PLUGIN, "probe", which, "--device-plugin-dir", str(node.plugin_dir)],
+                           capture_output=True, text=True, timeout=30)
+        return r.returncode, json.loads(r.stdout)
+
+    assert probe("liveness")[0] == 0
+    code, answer = probe("readiness")
+    assert code == 1 and answer["status"] == "NOT_SERVING"  # no ListAndWatch stream yet
+    stream = Stream(plugin.socket())
+    wait_for(lambda: probe("readiness")[0] == 0, 10, "readiness probe to pass")
+    stream.cancel()
