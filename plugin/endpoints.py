@@ -20,13 +20,13 @@ LIVENESS_SERVICE = "liveness"
 READINESS_SERVICE = ""
 
 
-class GrpcHealth(health_pb2_grpc.HealthServicer):
+class GrpcHealth(health_pb2_grpc.HealthServicer):  # type: ignore[misc]  # untyped base
     """Standard gRPC Health v1 on the plugin socket: "liveness" and "" (readiness)."""
 
     def __init__(self, health: HealthState) -> None:
         self._health = health
 
-    async def Check(  # type: ignore[override]
+    async def Check(
         self,
         request: health_pb2.HealthCheckRequest,
         context: grpc.aio.ServicerContext[object, object],
