@@ -56,6 +56,7 @@ async def run(cfg: Config) -> int:
     worker = None if cfg.mode == "device-access" else ProbeWorker(timeout_s=cfg.probe_timeout_s)
     monitor = Monitor(cfg, health, worker, _reconciler(cfg))
     registrar = Registrar(cfg, health, lambda: DevicePluginServicer(cfg, health, monitor))
+    monitor.add_mount_listener(registrar.on_mount_change)
     http = HttpEndpoints(health, cfg.health_addr) if cfg.health_addr else None
 
     stop = asyncio.Event()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from plugin import metrics
@@ -41,6 +42,11 @@ class Monitor:
         self._device_flight: asyncio.Task[CheckResult] | None = None
         self._mount_watch: MountTableWatcher | None = None
         self._dir_watch: DirWatcher | None = None
+        self._mount_listeners: list[Callable[[], None]] = []
+
+    def add_mount_listener(self, listener: Callable[[], None]) -> None:
+        """Also tell `listener` (on the event loop) when the mount table changes."""
+        self._mount_listeners.append(listener)
 
     # -- checks -------------------------------------------------------------------------
 
@@ -114,6 +120,8 @@ class Monitor:
             self._kick.set()
             if self._dir_watch is not None:
                 self._dir_watch.rewatch()
+            for listener in self._mount_listeners:
+                listener()
 
         loop.call_soon_threadsafe(both)
 

@@ -56,6 +56,7 @@ class Registrar:
         self._socket_inode: tuple[int, int] | None = None
         self._kubelet_inode: tuple[int, int] | None = None
         self._kick = asyncio.Event()
+        self._watcher: DirWatcher | None = None
         self.registrations = 0
 
     @property
@@ -65,9 +66,11 @@ class Registrar:
     def _on_dir_event(self, _dir: Path, _name: str) -> None:
         self._kick.set()
 
-    def kick(self) -> None:
-        """Something changed (mount table, signal): re-evaluate now instead of at the next poll."""
+    def on_mount_change(self) -> None:
+        """The plugin dir may now be another mount: watch it again and re-evaluate at once."""
         self._kick.set()
+        if self._watcher is not None:
+            self._watcher.rewatch()
 
     async def _serve(self) -> None:
         await self._stop_server()
@@ -167,8 +170,8 @@ class Registrar:
         return reason
 
     async def run(self) -> None:
-        watcher = DirWatcher([self._cfg.device_plugin_dir], self._on_dir_event, RESTART_POLL_S)
-        watch_task = asyncio.ensure_future(watcher.run())
+        self._watcher = DirWatcher([self._cfg.device_plugin_dir], self._on_dir_event, RESTART_POLL_S)
+        watch_task = asyncio.ensure_future(self._watcher.run())
         try:
             await self._serve()
             registered = await self._register_with_backoff()

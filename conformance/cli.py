@@ -1,0 +1,102 @@
+"""hvconform: run the conformance suite against a node target and keep its results."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from conformance.scenarios import CATALOGUE, CLEANUP
+
+SUITE_DIR = Path(__file__).resolve().parent / "suite"
+TARGETS = ("local",)
+EXIT_NO_CHECKS = 5
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    checks = "\n".join(f"  {c.id:<22} -m {c.marker:<13} {c.title}" for c in (*CATALOGUE, CLEANUP))
+    parser = argparse.ArgumentParser(
+        prog="hvconform",
+        description="Conformance suite for Kubernetes hypervisor device plugins (v1beta1).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"checks:\n{checks}\n\nexamples:\n  hvconform run\n  hvconform run -m cdi -n 2\n"
+        "  hvconform run --plugin-cmd 'python -m my_plugin --flag'\n",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the suite; exit 1 when any check failed",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    run.add_argument("--target", choices=TARGETS, default="local", help="node target")
+    run.add_argument("-m", dest="markexpr", default="",
+                     help="pytest marker expression choosing checks (e.g. 'cdi or identity')")
+    run.add_argument("--out", default="", help="results dir (default reports/<run-id>)")
+    run.add_argument("--plugin-cmd", default=os.environ.get("HV_PLUGIN_CMD", ""),
+                     help="command starting the plugin under test; it receives the standard "
+                     "hv-device-plugin flags appended [HV_PLUGIN_CMD] (default: this repo's)")
+    run.add_argument("-n", dest="workers", default="0",
+                     help="pytest-xdist workers ('auto' or a number; 0 = serial)")
+    run.add_argument("--reports-root", default="reports", help="where reports/<run-id> live")
+    run.add_argument("pytest_args", nargs="*", help="extra pytest arguments after --")
+    return parser
+
+
+def _link_latest(root: Path, out: Path) -> None:
+    latest = root / "latest"
+    tmp = root / f".latest-{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(os.path.relpath(out, root))
+    tmp.replace(latest)
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
+    root = Path(ns.reports_root).resolve()
+    out = Path(ns.out).resolve() if ns.out else root / run_id
+    out.mkdir(parents=True, exist_ok=True)
+    args = [
+        sys.executable, "-m", "pytest", str(SUITE_DIR),
+        "-c", str(SUITE_DIR / "pytest.ini"), "--rootdir", str(SUITE_DIR),
+        "-p", "conformance.pytest_plugin", "-p", "no:cacheprovider",
+        "--target", ns.target, "--out", str(out), "--run-id", run_id,
+        "--junitxml", str(out / "pytest-junit.xml"), "-q", "-rA",
+    ]
+    if ns.plugin_cmd:
+        args += ["--plugin-cmd", ns.plugin_cmd]
+    if ns.markexpr:
+        args += ["-m", ns.markexpr]
+    if ns.workers not in ("", "0"):
+        args += ["-n", ns.workers, "--dist", "loadgroup"]
+    args += ns.pytest_args
+    print(f"hvconform: run {run_id} on target {ns.target}; results in {out}", flush=True)
+    code = subprocess.run(args, check=False).returncode
+    results = out / "results.json"
+    if code == EXIT_NO_CHECKS:
+        print(f"hvconform: no checks selected (-m {ns.markexpr!r}); nothing was verified",
+              file=sys.stderr)
+        return EXIT_NO_CHECKS
+    if not results.exists():
+        print(f"hvconform: pytest exited {code} without writing {results}", file=sys.stderr)
+        return code or 1
+    if ns.out == "" or out.parent == root:
+        _link_latest(root, out)
+    data = json.loads(results.read_text())
+    counts = data["run"].get("counts", {})
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    print(f"hvconform: {summary}; results.json at {results}")
+    failed = any(c["status"] == "failed" for c in data["checks"])
+    return 1 if failed else (code if code not in (0, EXIT_NO_CHECKS) else 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = _build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if ns.command == "run":
+        return cmd_run(ns)
+    raise AssertionError(ns.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The exact environment of a run: kernel, distribution, Python, plugin version and source commit."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+
+def iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _os_release() -> str:
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip('"')
+    except OSError:
+        pass
+    return "unknown"
+
+
+def source_commit() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out + ("-dirty" if dirty else "")
+
+
+def _device(path: str) -> dict[str, Any]:
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return {"present": False, "error": exc.strerror or str(exc)}
+    return {"present": True, "major": os.major(st.st_rdev), "minor": os.minor(st.st_rdev),
+            "mode": oct(st.st_mode & 0o7777), "uid": st.st_uid, "gid": st.st_gid}
+
+
+def collect() -> dict[str, Any]:
+    from plugin import __version__
+
+    uname = platform.uname()
+    return {
+        "kernel": uname.release,
+        "machine": uname.machine,
+        "distribution": _os_release(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count() or 0,
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "plugin_version": __version__,
+        "source_commit": source_commit(),
+        "devices": {"/dev/kvm": _device("/dev/kvm"), "/dev/mshv": _device("/dev/mshv")},
+        "hostname": uname.node,
+    }

@@ -1,0 +1,229 @@
+"""A blocking facade: the emulator's event loop runs in one dedicated thread.
+
+Every blocking call has a timeout; when it expires the call is cancelled on the loop and a
+WaitTimeout naming the call is raised. Reads go straight to the thread-safe accounting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from .accounting import (
+    AllocationRecord,
+    EventKind,
+    PluginOptions,
+    RegistrationRecord,
+    ResourceState,
+    TimelineEvent,
+    WaitTimeout,
+    counts_wait,
+)
+from .admission import AllocationOutcome
+from .emulator import KubeletEmulator
+
+T = TypeVar("T")
+
+THREAD_NAME = "kubelet-emulator"
+
+
+class ThreadedKubeletEmulator:
+    """KubeletEmulator for synchronous code; start() spawns the loop thread, stop() joins it."""
+
+    def __init__(
+        self,
+        plugin_dir: Path,
+        grace_period_s: float = 300.0,
+        dial_timeout_s: float = 10.0,
+        *,
+        emulate_stale_client_bug: bool = False,
+        call_timeout_s: float = 30.0,
+    ) -> None:
+        self.emulator = KubeletEmulator(
+            plugin_dir,
+            grace_period_s,
+            dial_timeout_s,
+            emulate_stale_client_bug=emulate_stale_client_bug,
+        )
+        self.accounting = self.emulator.accounting
+        self.call_timeout_s = call_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        # Names of tasks still pending when the loop shut down: should stay empty.
+        self.leftover_tasks: list[str] = []
+
+    # --- loop thread ------------------------------------------------------------------------
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is not None:
+            return self._loop
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            try:
+                loop.run_forever()
+            finally:
+                pending = asyncio.all_tasks(loop)
+                self.leftover_tasks = sorted(task.get_name() for task in pending)
+                for task in pending:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+                loop.close()
+
+        thread = threading.Thread(target=run, name=THREAD_NAME, daemon=True)
+        thread.start()
+        if not ready.wait(self.call_timeout_s):
+            raise WaitTimeout("the emulator event loop thread to start", self.call_timeout_s, None)
+        self._loop, self._thread = loop, thread
+        return loop
+
+    def call(
+        self,
+        coro_fn: Callable[[], Coroutine[Any, Any, T]],
+        timeout: float | None = None,
+        description: str = "emulator call",
+    ) -> T:
+        """Run coro_fn() on the emulator loop and block for its result (bounded)."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("blocking call from the emulator's own loop thread")
+        loop = self._ensure_loop()
+        limit = self.call_timeout_s if timeout is None else timeout
+        future = asyncio.run_coroutine_threadsafe(coro_fn(), loop)
+        try:
+            return future.result(limit)
+        except concurrent.futures.TimeoutError:
+            if future.done():  # the coroutine itself raised a TimeoutError: pass it on
+                raise
+            future.cancel()
+            raise WaitTimeout(description, limit, "still running; cancelled") from None
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def start(self, timeout: float | None = None) -> None:
+        self.call(self.emulator.start, timeout, "kubelet emulator start")
+
+    def stop(self, timeout: float | None = None, *, graceful: bool = True) -> None:
+        """Stop the emulator, then the loop; the thread is joined (bounded)."""
+        if self._loop is None:
+            return
+        try:
+            self.call(lambda: self.emulator.stop(graceful=graceful), timeout, "emulator stop")
+        finally:
+            self._close_loop(timeout)
+
+    def restart(self, graceful: bool, timeout: float | None = None) -> None:
+        self.call(lambda: self.emulator.restart(graceful), timeout, "kubelet emulator restart")
+
+    def crash(self, timeout: float | None = None) -> None:
+        """Stop like a crash (kubelet.sock left behind) but keep the loop for start()."""
+        self.call(lambda: self.emulator.stop(graceful=False), timeout, "kubelet crash")
+
+    def _close_loop(self, timeout: float | None) -> None:
+        loop, thread = self._loop, self._thread
+        self._loop = self._thread = None
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        limit = self.call_timeout_s if timeout is None else timeout
+        thread.join(limit)
+        if thread.is_alive():
+            raise WaitTimeout("the emulator loop thread to exit", limit, "thread alive")
+
+    def __enter__(self) -> ThreadedKubeletEmulator:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # --- admission ----------------------------------------------------------------------
+
+    def allocate(
+        self,
+        resource: str,
+        count: int = 1,
+        container: str = "c0",
+        *,
+        pod_uid: str | None = None,
+        timeout: float | None = None,
+    ) -> AllocationOutcome:
+        return self.call(
+            lambda: self.emulator.allocate(resource, count, container, pod_uid=pod_uid),
+            timeout,
+            f"Allocate of {count} {resource} for container {container}",
+        )
+
+    def release(self, allocation: AllocationRecord | int, timeout: float | None = None) -> bool:
+        async def release() -> bool:
+            return self.emulator.release(allocation)
+
+        return self.call(release, timeout, "release of an allocation")
+
+    # --- queries and waits ---------------------------------------------------------------
+
+    def capacity(self, resource: str) -> int:
+        return self.accounting.capacity(resource)
+
+    def allocatable(self, resource: str) -> int:
+        return self.accounting.allocatable(resource)
+
+    def state(self, resource: str) -> ResourceState:
+        return self.accounting.state(resource)
+
+    def registrations(self, resource: str) -> list[RegistrationRecord]:
+        return self.accounting.registrations(resource)
+
+    def allocations(self) -> list[AllocationRecord]:
+        return self.accounting.allocations()
+
+    def timeline(
+        self, kind: EventKind | None = None, resource: str | None = None, since: float = 0.0
+    ) -> list[TimelineEvent]:
+        return self.accounting.timeline(kind, resource, since)
+
+    def options(self, resource: str) -> PluginOptions | None:
+        async def options() -> PluginOptions | None:
+            return self.emulator.options(resource)
+
+        return self.call(options, None, f"options of {resource}")
+
+    def reregistration_latency(self, resource: str) -> float | None:
+        return self.emulator.reregistration_latency(resource)
+
+    def wait_for(
+        self,
+        predicate: Callable[[], bool],
+        timeout: float,
+        description: str,
+        observe: Callable[[], object] | None = None,
+    ) -> None:
+        """Block until predicate() holds; WaitTimeout (naming `description`) at the deadline."""
+        self.accounting.wait_for_blocking(predicate, timeout, description, observe)
+
+    def wait_for_counts(
+        self,
+        resource: str,
+        *,
+        capacity: int | None = None,
+        allocatable: int | None = None,
+        timeout: float,
+    ) -> None:
+        predicate, description, observe = counts_wait(
+            self.accounting, resource, capacity, allocatable
+        )
+        self.accounting.wait_for_blocking(predicate, timeout, description, observe)

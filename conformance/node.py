@@ -1,0 +1,148 @@
+"""The node interface scenarios are written against; targets implement it.
+
+Scenarios know nothing of targets, and targets know nothing of scenarios: this Protocol is the
+whole contract. A target declares what it can do in `capabilities`; a scenario that needs a
+capability the target lacks ends as not_applicable, never as a pass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, TypeVar
+
+from conformance.results import WaitExpired
+
+Area = Literal["cdi", "host_dev"]
+T = TypeVar("T")
+
+# Capabilities a target may declare.
+CAP_KUBELET_RESTART = "kubelet-restart"
+CAP_KUBELET_CRASH = "kubelet-crash"
+CAP_PLUGIN_RESTART = "plugin-restart"
+CAP_READ_ONLY = "read-only-storage"
+CAP_DEVICE_VIEW = "device-view"
+CAP_DEVICE_REMAP = "device-remap"
+CAP_SOCKET_REDIRECT = "socket-redirect"
+CAP_GUEST = "guest"
+CAP_LONG_GUEST = "long-guest"
+CAP_READ_STORM = "read-storm"
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    kind: str  # "file", "dir", "symlink", "char", "block", "fifo", "socket"
+    mode: int
+    uid: int
+    gid: int
+    rdev_major: int = 0
+    rdev_minor: int = 0
+
+
+@dataclass
+class Allocation:
+    ok: bool
+    device_ids: list[str] = field(default_factory=list)
+    cdi_devices: list[str] = field(default_factory=list)
+    envs: dict[str, str] = field(default_factory=dict)
+    phase: str = ""  # "Failed" when admission failed
+    reason: str = ""  # e.g. UnexpectedAdmissionError
+    message: str = ""
+
+
+@dataclass
+class GuestOutcome:
+    ok: bool
+    detail: str
+    value: int | None = None
+
+
+@dataclass
+class ReadStats:
+    reads: int
+    errors: int
+    unexpected: int  # reads that were neither of the accepted contents (torn or foreign)
+    first_seen: dict[int, float]  # accepted content index -> first monotonic time it was read
+    detail: str = ""
+
+
+class ReadStorm(Protocol):
+    def stop(self) -> ReadStats: ...
+
+
+class Node(Protocol):
+    """What a scenario may do to, and observe on, one node running the plugin under test."""
+
+    name: str
+    resource: str
+    capabilities: frozenset[str]
+    spec_name: str  # the CDI spec file the plugin owns
+    baseline_spec: bytes  # its content when the plugin was first healthy
+    sentinels: dict[str, bytes]  # unrelated CDI files planted at setup, name -> content
+    host_metadata_at_start: dict[str, int | str]
+    session_guest: str | None  # a long-running guest started at setup, kept through all faults
+
+    # files in the node's CDI dir and host-device view
+    def read_file(self, area: Area, name: str) -> bytes | None: ...
+    def write_file(self, area: Area, name: str, data: bytes) -> None: ...
+    def stat(self, area: Area, name: str) -> FileInfo | None: ...
+    def remove(self, area: Area, name: str) -> None: ...
+    def make_dir(self, area: Area, name: str) -> None: ...
+    def remove_dir(self, area: Area, name: str) -> None: ...
+    def list_files(self, area: Area) -> list[str]: ...
+    def make_char_device(self, area: Area, name: str, major: int, minor: int) -> None: ...
+    def set_storage_read_only(self, area: Area, read_only: bool) -> None: ...
+
+    # the plugin under test
+    def plugin_live(self) -> bool: ...
+    def plugin_ready(self) -> bool: ...
+    def plugin_instance(self) -> str: ...  # changes only when the plugin process is replaced
+    def restart_plugin(self) -> None: ...
+    def redirect_plugin_sockets(self, empty: bool) -> None: ...
+    def remap_device_unusable(self, unusable: bool) -> None: ...
+    def plugin_log_tail(self, lines: int = 50) -> str: ...
+    def plugin_cpu_seconds(self) -> float: ...
+
+    # the kubelet
+    def restart_kubelet(self, graceful: bool) -> float: ...  # monotonic time it was back
+    def last_registration_at(self) -> float | None: ...
+    def capacity(self) -> int: ...
+    def allocatable(self) -> int: ...
+
+    # workloads
+    def allocate(self) -> Allocation: ...
+    def release(self, allocation: Allocation) -> None: ...
+    def run_guest(self, allocation: Allocation) -> GuestOutcome: ...
+    def start_long_guest(self, allocation: Allocation) -> str: ...
+    def long_guest_counter(self, handle: str) -> int: ...
+    def start_read_storm(self, area: Area, name: str, accepted: list[bytes]) -> ReadStorm: ...
+    def host_device_metadata(self) -> dict[str, int | str]: ...
+
+
+def wait_for(
+    predicate: Callable[[], T | None | bool],
+    timeout: float,
+    description: str,
+    interval: float = 0.005,
+) -> T:
+    """Poll until predicate returns a truthy value; on expiry name the wait and the last value."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        value = predicate()
+        if value:
+            return value  # type: ignore[return-value]
+        last = value
+        if time.monotonic() >= deadline:
+            raise WaitExpired(f"wait '{description}' expired after {timeout:g}s (last: {last!r})")
+        time.sleep(interval)
+
+
+def require(node: Node, *caps: str) -> None:
+    """Raise NotApplicable when the target cannot do what the scenario needs."""
+    from conformance.results import NotApplicable
+
+    missing = [c for c in caps if c not in node.capabilities]
+    if missing:
+        raise NotApplicable(f"target '{node.name}' lacks {', '.join(missing)}")

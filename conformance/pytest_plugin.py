@@ -1,0 +1,218 @@
+"""pytest glue: options, the per-worker node, per-check records, and results.json at the end.
+
+Workers put each check's record into the report's user_properties; the controller (or the single
+process without xdist) collects them, verifies cleanup across every worker's ledger, and writes
+results.json. Skips carry their status ("not_applicable: ...") so nothing skipped looks passed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance import environment
+from conformance.ledger import read_entries, survivors
+from conformance.node import Node
+from conformance.results import (
+    CheckRecord,
+    EnvironmentBlocked,
+    NotApplicable,
+    Recorder,
+    Status,
+    TimelineEvent,
+    write_results,
+)
+from conformance.scenarios import BY_ID, CATALOGUE, CLEANUP, Check
+
+USER_PROP = "hv_check"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("hvconform")
+    group.addoption("--target", default="local", help="node target: local (default)")
+    group.addoption("--out", default="", help="results directory (default reports/<run-id>)")
+    group.addoption("--plugin-cmd", default="", help="command that starts the plugin under test")
+    group.addoption("--run-id", default="", help="run id (default: timestamp)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for check in (*CATALOGUE, CLEANUP):
+        config.addinivalue_line("markers", f"{check.marker}: {check.marker} checks")
+    config.addinivalue_line("markers", "check_id(id): stable check id used by reports")
+    if not hasattr(config, "workerinput"):  # controller or single process
+        run_id = config.getoption("--run-id") or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        out = Path(config.getoption("--out") or Path("reports") / run_id).resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        config.stash[_RUN] = {"id": run_id, "out": str(out), "started": time.time(),
+                              "records": {}, "done": 0}
+        os.environ["HV_RUN_ID"], os.environ["HV_RUN_OUT"] = run_id, str(out)
+
+
+_RUN = pytest.StashKey[dict[str, Any]]()
+
+
+def run_dir() -> Path:
+    return Path(os.environ["HV_RUN_OUT"])
+
+
+def worker_id(config: pytest.Config) -> str:
+    return str(getattr(config, "workerinput", {}).get("workerid", "main"))
+
+
+@pytest.fixture(scope="session")
+def node(request: pytest.FixtureRequest) -> Iterator[Node]:
+    from conformance.targets.registry import open_target
+
+    config = request.config
+    with open_target(
+        config.getoption("--target"),
+        out_dir=run_dir(),
+        worker=worker_id(config),
+        plugin_cmd=config.getoption("--plugin-cmd"),
+    ) as target_node:
+        yield target_node
+
+
+@pytest.fixture
+def check_record(request: pytest.FixtureRequest) -> Iterator[tuple[Check, Recorder]]:
+    marker = request.node.get_closest_marker("check_id")
+    assert marker is not None, "every conformance test carries check_id"
+    check = BY_ID[marker.args[0]]
+    record = CheckRecord(id=check.id, marker=check.marker, title=check.title)
+    rec = Recorder(record, run_dir() / "evidence")
+    yield check, rec
+    request.node.user_properties.append((USER_PROP, json.dumps(record.to_json())))
+
+
+def run_check(node: Node, check: Check, rec: Recorder) -> None:
+    """Run one scenario; statuses other than pass and fail travel as skip reasons."""
+    try:
+        check.run(node, rec)
+    except NotApplicable as exc:
+        pytest.skip(f"{Status.NOT_APPLICABLE.value}: {exc}")
+    except EnvironmentBlocked as exc:
+        pytest.skip(f"{Status.ENVIRONMENT_BLOCKED.value}: {exc}")
+    except BaseException:
+        rec.evidence("plugin.log", node.plugin_log_tail(200))
+        raise
+
+
+def _status_from_report(report: pytest.TestReport) -> tuple[str, str]:
+    if report.passed:
+        return Status.PASSED.value, ""
+    if report.skipped:
+        raw = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        text = raw.removeprefix("Skipped: ")
+        for status in (Status.NOT_APPLICABLE, Status.ENVIRONMENT_BLOCKED):
+            if text.startswith(status.value + ": "):
+                return status.value, text[len(status.value) + 2:]
+        return Status.SKIPPED.value, text
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = crash.message if crash is not None else str(report.longrepr)
+    return Status.FAILED.value, message.splitlines()[0] if message else "failed"
+
+
+def _check_id(nodeid: str) -> str | None:
+    check_id = nodeid.rsplit("[", 1)[-1].rstrip("]") if "[" in nodeid else ""
+    return check_id if check_id in BY_ID else None
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    config = _CONFIG.get("config")
+    check_id = _check_id(report.nodeid)
+    if config is None or _RUN not in config.stash or check_id is None:
+        return
+    run = config.stash[_RUN]
+    base = BY_ID[check_id]
+    entry = run["records"].setdefault(
+        check_id, CheckRecord(base.id, base.marker, base.title).to_json()
+    )
+    entry["duration_s"] = round(entry["duration_s"] + report.duration, 6)
+    if report.when == "call" or not report.passed:
+        status, reason = _status_from_report(report)
+        if entry["status"] == Status.PASSED.value:  # the first non-pass wins
+            entry["status"], entry["reason"] = status, reason
+    if report.when != "teardown":
+        return
+    raw = str(dict(report.user_properties).get(USER_PROP) or "")
+    if raw:
+        found = json.loads(raw)
+        for key in ("metrics", "evidence", "timeline", "notes"):
+            entry[key] = found[key]
+    run["done"] += 1
+    _progress(config, run, entry)
+
+
+_CONFIG: dict[str, pytest.Config] = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _CONFIG["config"] = session.config
+
+
+def _progress(config: pytest.Config, run: dict[str, Any], record: dict[str, Any]) -> None:
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    metrics = ", ".join(f"{k}={v}" for k, v in record.get("metrics", {}).items()
+                        if k.endswith("_s") or k in ("reads", "read_errors", "torn_reads"))
+    line = f"[hvconform {run['done']}] {record['id']}: {record['status']}"
+    line += f" ({metrics})" if metrics else ""
+    line += f" - {record['reason']}" if record.get("reason") else ""
+    if tr is not None:
+        tr.write_line(line)
+
+
+def _cleanup_record(out: Path) -> dict[str, Any]:
+    ledgers = sorted((out / "ledger").glob("*.jsonl"))
+    entries = read_entries(ledgers)
+    left = survivors(entries)
+    record = CheckRecord(CLEANUP.id, CLEANUP.marker, CLEANUP.title)
+    record.metrics = {"ledger_entries": len(entries), "survivors": len(left)}
+    if not entries:
+        record.status, record.reason = Status.SKIPPED.value, "no ledger entries: no node was created"
+    elif left:
+        record.status = Status.FAILED.value
+        record.reason = "left behind: " + "; ".join(f"{e.kind} {e.ident}" for e in left[:10])
+    return record.to_json()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if hasattr(config, "workerinput") or _RUN not in config.stash:
+        return
+    run = config.stash[_RUN]
+    out = Path(run["out"])
+    records = run["records"]
+    if records:
+        records[CLEANUP.id] = _cleanup_record(out)
+    order = [c.id for c in (*CATALOGUE, CLEANUP)]
+    checks = [
+        CheckRecord(**{**r, "timeline": [TimelineEvent(**t) for t in r.get("timeline", [])]})
+        for r in sorted(records.values(), key=lambda r: order.index(r["id"]))
+    ]
+    failed = any(c.status == Status.FAILED.value for c in checks)
+    if failed and session.exitstatus == 0:
+        session.exitstatus = 1
+    counts: dict[str, int] = {}
+    for c in checks:
+        counts[c.status] = counts.get(c.status, 0) + 1
+    finished = time.time()
+    write_results(
+        out / "results.json",
+        run={
+            "id": run["id"], "target": config.getoption("--target"),
+            "started_at": environment.iso(run["started"]), "finished_at": environment.iso(finished),
+            "duration_s": round(finished - run["started"], 3), "exit_code": int(session.exitstatus),
+            "plugin_cmd": config.getoption("--plugin-cmd") or "hv-device-plugin (this repository)",
+            "markexpr": config.getoption("-m") or "", "counts": counts,
+            "workers": str(config.getoption("numprocesses", None) or 0),
+        },
+        environment=environment.collect(),
+        checks=checks,
+    )

@@ -1,0 +1,116 @@
+"""What a check found: statuses, the per-check recorder scenarios write to, and results.json."""
+
+from __future__ import annotations
+
+import enum
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = "1.0"
+
+
+class Status(enum.StrEnum):
+    PASSED = "passed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    NOT_APPLICABLE = "not_applicable"
+    ENVIRONMENT_BLOCKED = "environment_blocked"
+
+
+class NotApplicable(Exception):
+    """The check does not apply to this target or plugin (e.g. no kubelet restart on AKS Automatic)."""
+
+
+class EnvironmentBlocked(Exception):
+    """The environment prevents the check (missing /dev/kvm, admission policy): never a pass."""
+
+
+class WaitExpired(AssertionError):
+    """A wait with a deadline ran out; the message names the wait and the last value seen."""
+
+
+@dataclass
+class TimelineEvent:
+    name: str
+    t_s: float  # seconds since the check started (monotonic clock)
+
+
+@dataclass
+class CheckRecord:
+    id: str
+    marker: str
+    title: str
+    status: str = Status.PASSED.value
+    reason: str = ""
+    duration_s: float = 0.0
+    metrics: dict[str, float | int | str] = field(default_factory=dict)
+    evidence: list[str] = field(default_factory=list)
+    timeline: list[TimelineEvent] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Recorder:
+    """Handed to a scenario: metrics, evidence and a timeline of what it observed."""
+
+    def __init__(self, record: CheckRecord, evidence_dir: Path) -> None:
+        self.record = record
+        self.evidence_dir = evidence_dir
+        self._t0 = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+    def event(self, name: str, at: float | None = None) -> float:
+        """Mark a timeline point (now, or at a monotonic time); returns its offset in seconds."""
+        t = (time.monotonic() if at is None else at) - self._t0
+        self.record.timeline.append(TimelineEvent(name, round(t, 6)))
+        return t
+
+    def metric(self, name: str, value: float | int | str) -> None:
+        self.record.metrics[name] = round(value, 6) if isinstance(value, float) else value
+
+    def note(self, text: str) -> None:
+        self.record.notes.append(text)
+
+    def evidence(self, name: str, content: str | bytes) -> Path:
+        """Keep an artefact (log, spec bytes, status) next to the results."""
+        self.evidence_dir.mkdir(parents=True, exist_ok=True)
+        path = self.evidence_dir / f"{self.record.id}-{name}"
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        self.record.evidence.append(str(path.name))
+        return path
+
+
+def load_schema() -> dict[str, Any]:
+    text = resources.files("conformance").joinpath("results.schema.json").read_text()
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+def validate_results(data: dict[str, Any]) -> None:
+    """Raise jsonschema.ValidationError when data does not follow the shipped schema."""
+    import jsonschema
+
+    jsonschema.validate(data, load_schema())
+
+
+def write_results(path: Path, run: dict[str, Any], environment: dict[str, Any],
+                  checks: list[CheckRecord]) -> dict[str, Any]:
+    data = {
+        "schema_version": SCHEMA_VERSION,
+        "run": run,
+        "environment": environment,
+        "checks": [c.to_json() for c in checks],
+    }
+    validate_results(data)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+    return data

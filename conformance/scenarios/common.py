@@ -1,0 +1,39 @@
+"""Steps shared by scenarios: fresh guest after a fault, readiness and capacity waits."""
+
+from __future__ import annotations
+
+import time
+
+from conformance.node import CAP_GUEST, Node, wait_for
+from conformance.results import Recorder
+
+RECOVERY_TIMEOUT_S = 60.0
+FAULT_TIMEOUT_S = 30.0
+
+
+def wait_ready(node: Node, rec: Recorder, label: str, timeout: float = RECOVERY_TIMEOUT_S) -> float:
+    wait_for(node.plugin_ready, timeout, f"plugin readiness ({label})")
+    wait_for(lambda: node.allocatable() > 0, timeout, f"allocatable > 0 ({label})")
+    return rec.event(f"ready ({label})")
+
+
+def fresh_guest(node: Node, rec: Recorder, label: str) -> None:
+    """Allocate through the kubelet and run a real guest; assert it computed its value."""
+    allocation = node.allocate()
+    assert allocation.ok, f"allocation refused after {label}: {allocation.reason} {allocation.message}"
+    try:
+        if CAP_GUEST in node.capabilities:
+            outcome = node.run_guest(allocation)
+            assert outcome.ok, f"fresh guest failed after {label}: {outcome.detail}"
+            rec.event(f"fresh guest passed ({label})")
+    finally:
+        node.release(allocation)
+
+
+def wait_spec_desired(node: Node, timeout: float, label: str) -> float:
+    """Wait until the owned spec is byte-identical to the baseline; return the monotonic time."""
+
+    def desired() -> float | None:
+        return time.monotonic() if node.read_file("cdi", node.spec_name) == node.baseline_spec else None
+
+    return wait_for(desired, timeout, f"CDI spec byte-exact again ({label})", interval=0.002)

@@ -1,0 +1,26 @@
+"""Real guest execution through an allocation, repeated, with fresh execution after disposal."""
+
+from __future__ import annotations
+
+from conformance.node import CAP_GUEST, Node, require
+from conformance.results import Recorder
+
+RUNS = 6
+
+
+def guest_execution(node: Node, rec: Recorder) -> None:
+    require(node, CAP_GUEST)
+    values = []
+    for i in range(RUNS):
+        allocation = node.allocate()
+        assert allocation.ok, f"allocation {i} refused: {allocation.reason} {allocation.message}"
+        assert allocation.cdi_devices, "allocation carries no CDI device"
+        try:
+            outcome = node.run_guest(allocation)
+        finally:
+            node.release(allocation)  # disposal: the next run gets a fresh VM and allocation
+        assert outcome.ok, f"guest run {i} failed: {outcome.detail}"
+        values.append(outcome.value)
+    rec.metric("runs", RUNS)
+    rec.metric("cdi_device", ",".join(allocation.cdi_devices))
+    rec.note(f"guest values: {values}")
