@@ -1,0 +1,333 @@
+"""The local node target: a node on this machine, no cluster.
+
+A per-worker node root holds the kubelet plugin dir, a tmpfs CDI dir and a tmpfs host-device view
+whose kvm node is made with mknod from the real /dev/kvm's numbers. The kubelet is the emulator;
+the plugin runs in a sandbox (zero capabilities, no_new_privs, its own mount and network
+namespaces); workloads run through a CDI-resolving runtime emulation. The node root is a shared
+mount and the plugin's namespace a slave of it, so storage faults made here reach the plugin as
+they would through a hostPath, while faults inside the plugin's namespace stay there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from conformance.kubelet import ThreadedKubeletEmulator
+from conformance.ledger import Ledger
+from conformance.node import (
+    CAP_DEVICE_REMAP,
+    CAP_DEVICE_VIEW,
+    CAP_GUEST,
+    CAP_KUBELET_CRASH,
+    CAP_KUBELET_RESTART,
+    CAP_LONG_GUEST,
+    CAP_PLUGIN_RESTART,
+    CAP_READ_ONLY,
+    CAP_READ_STORM,
+    CAP_SOCKET_REDIRECT,
+    Allocation,
+    Area,
+    FileInfo,
+    GuestOutcome,
+    wait_for,
+)
+from conformance.results import EnvironmentBlocked
+from conformance.targets.local_io import LocalFiles, ReaderStorm, device_metadata, mount, umount
+from conformance.targets.runtime import run_workload, start_workload
+from conformance.targets.sandbox import PluginSandbox
+
+RESOURCE = "hyperlight.dev/hypervisor"
+SPEC_NAME = "hyperlight.json"
+HEALTH_PORT = 8080
+SETUP_TIMEOUT_S = 60.0
+SENTINELS = {
+    "zz-unrelated-vendor.json": json.dumps(
+        {"cdiVersion": "0.5.0", "kind": "example.com/sentinel",
+         "devices": [{"name": "s0", "containerEdits": {"env": ["SENTINEL=1"]}}]},
+        indent=2).encode() + b"\n",
+    "aa-operator-notes.yaml": b"# owned by the operator, never by the plugin\nkeep: true\n",
+}
+
+
+def _check_environment() -> None:
+    if os.geteuid() != 0:
+        raise EnvironmentBlocked("the local target needs root (mknod, mounts, namespaces)")
+    try:
+        st = os.stat("/dev/kvm")
+    except OSError as exc:
+        raise EnvironmentBlocked(f"/dev/kvm unavailable: {exc.strerror}") from None
+    if not stat.S_ISCHR(st.st_mode):
+        raise EnvironmentBlocked("/dev/kvm is not a character device")
+
+
+class LocalNode(LocalFiles):
+    name = "local"
+    resource = RESOURCE
+    spec_name = SPEC_NAME
+    capabilities = frozenset({
+        CAP_KUBELET_RESTART, CAP_KUBELET_CRASH, CAP_PLUGIN_RESTART, CAP_READ_ONLY,
+        CAP_DEVICE_VIEW, CAP_DEVICE_REMAP, CAP_SOCKET_REDIRECT, CAP_GUEST, CAP_LONG_GUEST,
+        CAP_READ_STORM,
+    })
+
+    def __init__(self, *, out_dir: Path, worker: str, plugin_cmd: str) -> None:
+        self.out_dir = out_dir
+        self.worker = worker
+        self.plugin_cmd = shlex.split(plugin_cmd) if plugin_cmd else [sys.executable, "-m", "plugin"]
+        self.ledger = Ledger(out_dir / "ledger" / f"{worker}.jsonl", owner=worker)
+        self.baseline_spec = b""
+        self.sentinels = dict(SENTINELS)
+        self.host_metadata_at_start: dict[str, int | str] = {}
+        self.session_guest: str | None = None
+        self._mounts: list[Path] = []
+        self._guests: dict[str, subprocess.Popen[bytes]] = {}
+        self._allocations: dict[int, Any] = {}
+        self.sandbox: PluginSandbox | None = None
+        self.kubelet: ThreadedKubeletEmulator | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        _check_environment()
+        self.host_metadata_at_start = device_metadata("/dev/kvm")
+        # Short on purpose: unix socket paths must fit in 107 bytes.
+        self.root = Path(tempfile.mkdtemp(prefix=f"hvn-{self.worker}-", dir="/tmp"))
+        self.ledger.record("dir", str(self.root), "node root")
+        self._mount(["--bind", str(self.root), str(self.root)], self.root)
+        subprocess.run(["mount", "--make-rshared", str(self.root)], check=True)
+        self.plugin_dir = self.root / "kubelet" / "device-plugins"
+        self.state = self.root / "state"
+        super().__init__(self.root / "cdi", self.root / "host-dev")
+        for d in (self.plugin_dir, self.state, self.dirs["cdi"], self.dirs["host_dev"]):
+            d.mkdir(parents=True, exist_ok=True)
+        self.state.chmod(0o755)
+        # /var/run/cdi lives on tmpfs on real nodes; the host-device view is a devtmpfs stand-in.
+        self._mount(["-t", "tmpfs", "-o", "size=4m,mode=0755", "hv-cdi", str(self.dirs["cdi"])],
+                    self.dirs["cdi"])
+        self._mount(["-t", "tmpfs", "-o", "size=1m,mode=0755", "hv-dev", str(self.dirs["host_dev"])],
+                    self.dirs["host_dev"])
+        kvm = os.stat("/dev/kvm")
+        self.make_char_device("host_dev", "kvm", os.major(kvm.st_rdev), os.minor(kvm.st_rdev))
+        for name, data in self.sentinels.items():
+            self.write_file("cdi", name, data)
+        self.kubelet = ThreadedKubeletEmulator(self.plugin_dir)
+        self.kubelet.start()
+        self.sandbox = PluginSandbox(
+            self._plugin_argv(), run_dir=self.state, ledger=self.ledger,
+            index=_net_index(self.worker), dev_nodes=("/dev/kvm",),
+            log_path=self.root / "plugin.log",
+        )
+        self.sandbox.start()
+        wait_for(self.plugin_ready, SETUP_TIMEOUT_S, "plugin ready at node setup")
+        wait_for(lambda: self.allocatable() > 0, SETUP_TIMEOUT_S, "allocatable > 0 at node setup")
+        self.baseline_spec = wait_for(lambda: self.read_file("cdi", SPEC_NAME), SETUP_TIMEOUT_S,
+                                      "the plugin's CDI spec at node setup")
+        allocation = self.allocate()
+        if allocation.ok:
+            self.session_guest = self.start_long_guest(allocation)
+
+    def _plugin_argv(self) -> list[str]:
+        assert self.sandbox is None
+        return [*self.plugin_cmd,
+                "--device-plugin-dir", str(self.plugin_dir),
+                "--cdi-dir", str(self.dirs["cdi"]),
+                "--host-dev-dir", str(self.dirs["host_dev"]),
+                "--health-addr", f"{_ns_addr(_net_index(self.worker))}:{HEALTH_PORT}"]
+
+    def teardown(self) -> None:
+        for handle, proc in list(self._guests.items()):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+            self._guests.pop(handle)
+        if self.sandbox is not None:
+            self.sandbox.close()
+        if self.kubelet is not None:
+            self.kubelet.stop()
+        for mountpoint in reversed(self._mounts):
+            umount(mountpoint)
+        self._mounts.clear()
+        if hasattr(self, "root"):
+            shutil.copy2(self.root / "plugin.log", self.out_dir / f"plugin-{self.worker}.log") \
+                if (self.root / "plugin.log").exists() else None
+            shutil.rmtree(self.root, ignore_errors=False)
+
+    def _mount(self, args: list[str], mountpoint: Path) -> None:
+        mount(args)
+        self._mounts.append(mountpoint)
+        self.ledger.record("mount", str(mountpoint))
+
+    # -- storage --------------------------------------------------------------------------
+
+    def set_storage_read_only(self, area: Area, read_only: bool) -> None:
+        target = self.dirs[area]
+        staging = self.state / f"ro-{area}"
+        if read_only:
+            # An empty tmpfs made read-only at the superblock, then bound over the area: the
+            # spec is missing and cannot be written, in every namespace that sees the area.
+            staging.mkdir(exist_ok=True)
+            self._mount(["-t", "tmpfs", "-o", "size=1m,mode=0755", "hv-ro", str(staging)], staging)
+            subprocess.run(["mount", "-o", "remount,ro", str(staging)], check=True)
+            self._mount(["--bind", str(staging), str(target)], target)
+        else:
+            # Unmounting reveals the storage as it was (the seed restored exact bytes).
+            for mp in (target, staging):
+                umount(mp)
+                self._mounts.remove(mp)
+
+    # -- the plugin -------------------------------------------------------------------------
+
+    def _sandbox(self) -> PluginSandbox:
+        assert self.sandbox is not None
+        return self.sandbox
+
+    def _http_ok(self, path: str) -> bool:
+        try:
+            status, _ = self._sandbox().http_get(path, timeout=2)
+        except OSError:
+            return False
+        return status == 200
+
+    def plugin_live(self) -> bool:
+        return self._http_ok("/healthz")
+
+    def plugin_ready(self) -> bool:
+        return self._http_ok("/readyz")
+
+    def plugin_instance(self) -> str:
+        return str(self._sandbox().pid)
+
+    def restart_plugin(self) -> None:
+        self._sandbox().restart()
+
+    def plugin_cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self._sandbox().pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def plugin_log_tail(self, lines: int = 50) -> str:
+        log = self.root / "plugin.log"
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
+
+    def redirect_plugin_sockets(self, empty: bool) -> None:
+        if empty:
+            hole = self.state / "empty-sockets"
+            hole.mkdir(exist_ok=True)
+            self._sandbox().bind_mount(hole, self.plugin_dir)
+        else:
+            self._sandbox().umount(self.plugin_dir)
+
+    def remap_device_unusable(self, unusable: bool) -> None:
+        kvm = os.stat("/dev/kvm").st_rdev
+        if unusable:
+            null = self.state / "null-at-kvm"
+            if not null.exists():
+                os.mknod(null, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+            self._sandbox().bind_mount(null, Path("/dev/kvm"))
+            self.replace_char_device("host_dev", "kvm", 1, 3)  # identity made to match
+        else:
+            self._sandbox().umount(Path("/dev/kvm"))
+            self.replace_char_device("host_dev", "kvm", os.major(kvm), os.minor(kvm))
+
+    # -- the kubelet ------------------------------------------------------------------------
+
+    def _kubelet(self) -> ThreadedKubeletEmulator:
+        assert self.kubelet is not None
+        return self.kubelet
+
+    def restart_kubelet(self, graceful: bool) -> float:
+        self._kubelet().restart(graceful)
+        return time.monotonic()
+
+    def last_registration_at(self) -> float | None:
+        ok = [r.t for r in self._kubelet().registrations(RESOURCE) if r.ok]
+        return max(ok) if ok else None
+
+    def capacity(self) -> int:
+        return self._kubelet().capacity(RESOURCE)
+
+    def allocatable(self) -> int:
+        return self._kubelet().allocatable(RESOURCE)
+
+    # -- workloads ------------------------------------------------------------------------
+
+    def allocate(self) -> Allocation:
+        outcome = self._kubelet().allocate(RESOURCE, 1)
+        response = outcome.response
+        allocation = Allocation(
+            ok=outcome.ok, device_ids=list(outcome.device_ids),
+            cdi_devices=[d.name for d in response.cdi_devices] if response else [],
+            envs=dict(response.envs) if response else {},
+            phase=outcome.phase, reason=outcome.reason, message=outcome.message,
+        )
+        if outcome.allocation is not None:
+            self._allocations[id(allocation)] = outcome.allocation
+        return allocation
+
+    def release(self, allocation: Allocation) -> None:
+        record = self._allocations.pop(id(allocation), None)
+        if record is not None:
+            self._kubelet().release(record)
+
+    def _guest_argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "conformance.guest", *args, "--drop-privileges"]
+
+    def run_guest(self, allocation: Allocation) -> GuestOutcome:
+        proc = run_workload(allocation.cdi_devices, [self.dirs["cdi"]],
+                            self._guest_argv("run", "--json"), env=allocation.envs, timeout=60)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
+        value = json.loads(lines[-1]).get("value") if lines else None
+        detail = (proc.stdout + proc.stderr).strip()[-600:]
+        return GuestOutcome(ok=proc.returncode == 0, detail=detail, value=value)
+
+    def start_long_guest(self, allocation: Allocation) -> str:
+        handle = f"guest-{len(self._guests)}"
+        state = self.state / f"{handle}.json"
+        proc = start_workload(allocation.cdi_devices, [self.dirs["cdi"]],
+                              self._guest_argv("counter", "--state-file", str(state),
+                                               "--interval", "0.05"),
+                              env=allocation.envs)
+        self.ledger.record_process(proc.pid, handle)
+        self._guests[handle] = proc
+        return handle
+
+    def long_guest_counter(self, handle: str) -> int:
+        proc = self._guests[handle]
+        assert proc.poll() is None, f"long-running guest {handle} exited {proc.returncode}"
+        try:
+            return int(json.loads((self.state / f"{handle}.json").read_text())["counter"])
+        except (OSError, ValueError, KeyError):
+            return 0
+
+    def start_read_storm(self, area: Area, name: str, accepted: list[bytes]) -> ReaderStorm:
+        return ReaderStorm(self.dirs[area] / name, accepted, self.state, self.ledger)
+
+    def host_device_metadata(self) -> dict[str, int | str]:
+        return device_metadata("/dev/kvm")
+
+    def stat(self, area: Area, name: str) -> FileInfo | None:
+        return self.stat_file(area, name)
+
+
+def _net_index(worker: str) -> int:
+    digits = "".join(ch for ch in worker if ch.isdigit())
+    # Distinct per worker and per concurrent run; 10.231.<index>.0/30 for each node's veth pair.
+    return 1 + (int(digits or 0) * 31 + os.getpid()) % 250
+
+
+def _ns_addr(index: int) -> str:
+    return f"10.231.{index}.2"

@@ -1,0 +1,13 @@
+"""Mutant: the plugin never notices a kubelet restart and so never registers again."""
+
+from __future__ import annotations
+
+import sys
+
+from plugin import __main__ as entry
+from plugin.registration import Registrar
+
+Registrar._restart_needed = lambda self: ""  # type: ignore[method-assign]  # noqa: SLF001
+
+if __name__ == "__main__":
+    sys.exit(entry.main())
