@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from conformance.guest.cdi_resolve import resolve
 from conformance.kubelet import ThreadedKubeletEmulator
 from conformance.ledger import Ledger
 from conformance.node import (
@@ -44,7 +45,8 @@ from conformance.node import (
 )
 from conformance.results import EnvironmentBlocked
 from conformance.targets.local_io import LocalFiles, ReaderStorm, device_metadata, mount, umount
-from conformance.targets.runtime import run_workload, start_workload
+from conformance.targets.runtime import guest_command, run_workload, start_workload
+from conformance.targets.netns import free_index
 from conformance.targets.sandbox import PluginSandbox
 
 RESOURCE = "hyperlight.dev/hypervisor"
@@ -111,7 +113,11 @@ class LocalNode(LocalFiles):
         super().__init__(self.root / "cdi", self.root / "host-dev")
         for d in (self.plugin_dir, self.state, self.dirs["cdi"], self.dirs["host_dev"]):
             d.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o755)  # workloads run as 65534 and must reach their state dir
         self.state.chmod(0o755)
+        self.guest_dir = self.state / "guests"
+        self.guest_dir.mkdir()
+        os.chown(self.guest_dir, 65534, 65534)
         # /var/run/cdi lives on tmpfs on real nodes; the host-device view is a devtmpfs stand-in.
         self._mount(["-t", "tmpfs", "-o", "size=4m,mode=0755", "hv-cdi", str(self.dirs["cdi"])],
                     self.dirs["cdi"])
@@ -126,8 +132,9 @@ class LocalNode(LocalFiles):
         self.sandbox = PluginSandbox(
             self._plugin_argv(), run_dir=self.state, ledger=self.ledger,
             index=_net_index(self.worker), dev_nodes=("/dev/kvm",),
-            log_path=self.root / "plugin.log",
+            log_path=self.root / "plugin.log", http_port=HEALTH_PORT,
         )
+        self.sandbox.argv += ["--health-addr", self.sandbox.health_addr]
         self.sandbox.start()
         wait_for(self.plugin_ready, SETUP_TIMEOUT_S, "plugin ready at node setup")
         wait_for(lambda: self.allocatable() > 0, SETUP_TIMEOUT_S, "allocatable > 0 at node setup")
@@ -142,8 +149,7 @@ class LocalNode(LocalFiles):
         return [*self.plugin_cmd,
                 "--device-plugin-dir", str(self.plugin_dir),
                 "--cdi-dir", str(self.dirs["cdi"]),
-                "--host-dev-dir", str(self.dirs["host_dev"]),
-                "--health-addr", f"{_ns_addr(_net_index(self.worker))}:{HEALTH_PORT}"]
+                "--host-dev-dir", str(self.dirs["host_dev"])]
 
     def teardown(self) -> None:
         for handle, proc in list(self._guests.items()):
@@ -229,7 +235,7 @@ class LocalNode(LocalFiles):
             hole.mkdir(exist_ok=True)
             self._sandbox().bind_mount(hole, self.plugin_dir)
         else:
-            self._sandbox().umount(self.plugin_dir)
+            self._sandbox().umount(self.plugin_dir, lazy=True)
 
     def remap_device_unusable(self, unusable: bool) -> None:
         kvm = os.stat("/dev/kvm").st_rdev
@@ -283,12 +289,15 @@ class LocalNode(LocalFiles):
         if record is not None:
             self._kubelet().release(record)
 
-    def _guest_argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "conformance.guest", *args, "--drop-privileges"]
+    def _device_in_workload(self, allocation: Allocation) -> str:
+        """Where the runtime puts the hypervisor node, as the allocation's CDI spec says."""
+        resolved = resolve(allocation.cdi_devices[0], [str(self.dirs["cdi"])])
+        return resolved.node_paths[0]
 
     def run_guest(self, allocation: Allocation) -> GuestOutcome:
-        proc = run_workload(allocation.cdi_devices, [self.dirs["cdi"]],
-                            self._guest_argv("run", "--json"), env=allocation.envs, timeout=60)
+        argv, env = guest_command("run", "--json")
+        proc = run_workload(allocation.cdi_devices, [self.dirs["cdi"]], argv,
+                            env={**allocation.envs, **env}, timeout=60, ledger=self.ledger)
         lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
         value = json.loads(lines[-1]).get("value") if lines else None
         detail = (proc.stdout + proc.stderr).strip()[-600:]
@@ -296,12 +305,11 @@ class LocalNode(LocalFiles):
 
     def start_long_guest(self, allocation: Allocation) -> str:
         handle = f"guest-{len(self._guests)}"
-        state = self.state / f"{handle}.json"
-        proc = start_workload(allocation.cdi_devices, [self.dirs["cdi"]],
-                              self._guest_argv("counter", "--state-file", str(state),
-                                               "--interval", "0.05"),
-                              env=allocation.envs)
-        self.ledger.record_process(proc.pid, handle)
+        state = self.guest_dir / f"{handle}.json"
+        argv, env = guest_command("counter", "--device", self._device_in_workload(allocation),
+                                  "--state-file", str(state), "--interval", "0.05")
+        proc = start_workload(allocation.cdi_devices, [self.dirs["cdi"]], argv,
+                              env={**allocation.envs, **env}, ledger=self.ledger)
         self._guests[handle] = proc
         return handle
 
@@ -309,7 +317,7 @@ class LocalNode(LocalFiles):
         proc = self._guests[handle]
         assert proc.poll() is None, f"long-running guest {handle} exited {proc.returncode}"
         try:
-            return int(json.loads((self.state / f"{handle}.json").read_text())["counter"])
+            return int(json.loads((self.guest_dir / f"{handle}.json").read_text())["counter"])
         except (OSError, ValueError, KeyError):
             return 0
 
@@ -324,10 +332,9 @@ class LocalNode(LocalFiles):
 
 
 def _net_index(worker: str) -> int:
-    digits = "".join(ch for ch in worker if ch.isdigit())
-    # Distinct per worker and per concurrent run; 10.231.<index>.0/30 for each node's veth pair.
-    return 1 + (int(digits or 0) * 31 + os.getpid()) % 250
+    # Indexes 1..63 are the local target's (the sandbox's own tests use 64 and up); a free one
+    # is picked so concurrent runs do not clash (creation is the real claim and fails loudly).
+    digits = int("".join(ch for ch in worker if ch.isdigit()) or 0)
+    start = 1 + (digits * 7 + os.getpid()) % 63
+    return free_index([1 + (start + i) % 63 for i in range(63)])
 
-
-def _ns_addr(index: int) -> str:
-    return f"10.231.{index}.2"

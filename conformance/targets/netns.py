@@ -1,0 +1,243 @@
+"""A named network namespace joined to the root namespace by a veth pair (pyroute2).
+
+Index i (0..255) names everything: host link `hvh<i>` with 10.231.<i>.1/30 in the root namespace,
+peer `hvp<i>` with 10.231.<i>.2/30 inside the namespace (lo up there too). Link names and
+addresses are machine-wide, so an index must be unique among everything running on the machine
+at once: per run and per pytest-xdist worker. The caller chooses it; `worker_index(slot)` gives
+worker gwN its own block (base + N * per_worker + slot), and `free_index` skips indices whose host
+link exists. Creating the veth pair is the claim: when `hvh<i>` already exists the constructor
+raises IndexInUseError and touches nothing of the other owner's. Namespace names should carry
+the creating pid too (the sandbox uses `hvsbx<i>-<pid>`).
+
+/run/netns is made a shared mount point by pyroute2 (as `ip netns add` does) and is shared by
+every namespace user. When this module creates it, it marks it with an xattr and records it; any
+NetNamespace that finds it empty and marked at close removes it, so the last user cleans up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+
+from pyroute2 import IPRoute, NetlinkError, netns
+
+from conformance.ledger import Ledger
+
+RUN_DIR = Path("/run/netns")
+_MARK = "user.hv_conformance"
+MAX_INDEX = 255
+SHARED = "shared; removed by the last user"  # ledger detail of /run/netns entries
+
+
+class NetnsError(RuntimeError):
+    """Creating or removing a namespace or its links failed, or something survived close()."""
+
+
+class IndexInUseError(NetnsError):
+    """The host link of this index exists: another sandbox (maybe another run) holds it."""
+
+
+def worker_index(slot: int, *, base: int = 64, per_worker: int = 16) -> int:
+    """Index of `slot` for this pytest-xdist worker (PYTEST_XDIST_WORKER=gwN; none = gw0)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    number = int(worker.removeprefix("gw") or "0")
+    if not 0 <= slot < per_worker:
+        raise ValueError(f"slot {slot} outside 0..{per_worker - 1}")
+    index = base + number * per_worker + slot
+    if not 0 <= index <= MAX_INDEX:
+        raise ValueError(f"index {index} for worker {worker} slot {slot} exceeds {MAX_INDEX}")
+    return index
+
+
+def host_link(index: int) -> str:
+    """Root-namespace end of the veth pair of `index`."""
+    return f"hvh{index}"
+
+
+def free_index(candidates: Iterable[int]) -> int:
+    """First candidate whose host link does not exist (a hint: creation is the real claim)."""
+    for index in candidates:
+        if not Path("/sys/class/net", host_link(index)).exists():
+            return index
+    raise IndexInUseError("every candidate index has a host link already")
+
+
+def is_mount_point(path: Path) -> bool:
+    """From mountinfo: os.path.ismount misses a directory bind-mounted onto itself."""
+    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+        return any(line.split()[4].replace("\\040", " ") == str(path) for line in fh)
+
+
+def _umount(path: Path) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    # Not lazy: EBUSY while another owner's namespace is mounted inside is the safe answer.
+    return 0 if libc.umount2(str(path).encode(), 0) == 0 else ctypes.get_errno()
+
+
+@contextlib.contextmanager
+def _run_dir_lock() -> Iterator[None]:
+    # Serialises making and removing /run/netns between our processes (xdist workers): without
+    # it a worker could remove the directory between another's mkdir and its namespace file.
+    # The lock is on /run itself, so it leaves no file behind.
+    fd = os.open(RUN_DIR.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def run_dir_shared() -> bool:
+    """/run/netns holds namespaces (someone else's, once ours are closed): it must stay."""
+    return RUN_DIR.is_dir() and any(RUN_DIR.iterdir())
+
+
+def release_run_dir() -> bool:
+    """Remove /run/netns when empty and made by this module; True when it is gone."""
+    with _run_dir_lock():
+        return _release_run_dir()
+
+
+def _release_run_dir() -> bool:
+    if not RUN_DIR.exists():
+        return True
+    try:
+        os.getxattr(RUN_DIR, _MARK)
+    except OSError:
+        return False  # not ours to remove (or xattrs unsupported)
+    if any(RUN_DIR.iterdir()):
+        return False
+    for _ in range(8):  # mounts may be stacked
+        if not is_mount_point(RUN_DIR):
+            break
+        if _umount(RUN_DIR) != 0:
+            return False
+    try:
+        RUN_DIR.rmdir()
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EBUSY, errno.ENOENT):
+            raise
+    return not RUN_DIR.exists()
+
+
+class NetNamespace:
+    """Create `name` with a veth pair to the root namespace; close() removes both, verified."""
+
+    def __init__(self, name: str, index: int, ledger: Ledger) -> None:
+        if not 0 <= index <= MAX_INDEX:
+            raise ValueError(f"index {index} outside 0..{MAX_INDEX}")
+        if "/" in name or not name or len(name) > 64:
+            raise ValueError(f"invalid namespace name {name!r}")
+        self.name = name
+        self.index = index
+        self.ledger = ledger
+        self.host_link = host_link(index)
+        self.peer_link = f"hvp{index}"
+        self.host_addr = f"10.231.{index}.1"
+        self.ns_addr = f"10.231.{index}.2"
+        self.path = RUN_DIR / name
+        self._closed = False
+        self._own_link = False  # never delete a link another owner holds (IndexInUseError)
+        if self.path.exists():
+            raise NetnsError(f"network namespace {name} exists already")
+        try:
+            self._create()
+        except BaseException:
+            self.close()
+            raise
+
+    def _create(self) -> None:
+        with _run_dir_lock():
+            if not RUN_DIR.exists():
+                self.ledger.record("dir", str(RUN_DIR), SHARED)
+                RUN_DIR.mkdir(mode=0o755)
+                os.setxattr(RUN_DIR, _MARK, b"1")
+            if not is_mount_point(RUN_DIR):
+                self.ledger.record("mount", str(RUN_DIR), SHARED)
+            self.ledger.record("netns", self.name)
+            netns.create(self.name)
+        with IPRoute() as ipr:
+            try:
+                ipr.link(
+                    "add",
+                    ifname=self.host_link,
+                    kind="veth",
+                    peer={"ifname": self.peer_link, "net_ns_fd": self.name},
+                )
+            except NetlinkError as exc:
+                if exc.code == errno.EEXIST:
+                    raise IndexInUseError(
+                        f"index {self.index}: link {self.host_link} exists (another sandbox?)"
+                    ) from exc
+                raise NetnsError(f"create veth {self.host_link}: {exc}") from exc
+            self._own_link = True
+            self.ledger.record("link", self.host_link, f"veth peer {self.peer_link} in {self.name}")
+            (idx,) = ipr.link_lookup(ifname=self.host_link)
+            ipr.addr("add", index=idx, address=self.host_addr, prefixlen=30)
+            ipr.link("set", index=idx, state="up")
+        with IPRoute(netns=self.name) as ns:
+            (peer,) = ns.link_lookup(ifname=self.peer_link)
+            ns.addr("add", index=peer, address=self.ns_addr, prefixlen=30)
+            ns.link("set", index=peer, state="up")
+            (lo,) = ns.link_lookup(ifname="lo")
+            ns.link("set", index=lo, state="up")
+
+    def links_inside(self) -> dict[str, list[str]]:
+        """Link name -> IPv4 addresses, as seen inside the namespace."""
+        out: dict[str, list[str]] = {}
+        with IPRoute(netns=self.name) as ns:
+            names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ns.get_links()}
+            for name in names.values():
+                out[name] = []
+            for addr in ns.get_addr(family=2):
+                out[names[addr["index"]]].append(addr.get_attr("IFA_ADDRESS"))
+        return out
+
+    def leftovers(self) -> list[str]:
+        """What of this namespace still exists on the machine."""
+        left = []
+        if self._own_link and Path("/sys/class/net", self.host_link).exists():
+            left.append(f"link {self.host_link}")
+        if self.path.exists() or os.path.lexists(self.path):
+            left.append(f"netns {self.path}")
+        return left
+
+    def close(self) -> None:
+        """Delete the veth pair and the namespace, then verify both are gone. Idempotent."""
+        if self._closed:
+            return
+        errors: list[str] = []
+        if self._own_link and Path("/sys/class/net", self.host_link).exists():
+            try:
+                with IPRoute() as ipr:
+                    ipr.link("del", ifname=self.host_link)  # takes the peer with it
+            except NetlinkError as exc:
+                errors.append(f"delete {self.host_link}: {exc}")
+        if os.path.lexists(self.path):
+            try:
+                netns.remove(self.name)
+            except OSError as exc:
+                errors.append(f"remove netns {self.name}: {exc}")
+        release_run_dir()
+        left = self.leftovers()
+        self._closed = not left
+        if errors or left:
+            raise NetnsError(f"netns {self.name} teardown: {'; '.join(errors + left)}")
+
+    def __enter__(self) -> NetNamespace:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
