@@ -43,8 +43,14 @@ def typecheck(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Unit and integration tests: real /dev/kvm, sockets, mounts, containers (needs root)."""
     session.install("-e", ".[dev]")
-    _pytest(session, "-n", os.environ.get("HV_TEST_WORKERS", "auto"), "--dist", "loadgroup",
-            *session.posargs)
+    _pytest(
+        session,
+        "-n",
+        os.environ.get("HV_TEST_WORKERS", "auto"),
+        "--dist",
+        "loadfile",
+        *session.posargs,
+    )
 
 
 @nox.session(python=PYTHON)

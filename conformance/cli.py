@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -28,20 +29,46 @@ def _build_parser() -> argparse.ArgumentParser:
         "  hvconform run --plugin-cmd 'python -m my_plugin --flag'\n",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the suite; exit 1 when any check failed",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    run = sub.add_parser(
+        "run",
+        help="run the suite; exit 1 when any check failed",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     run.add_argument("--target", choices=TARGETS, default="local", help="node target")
-    run.add_argument("-m", dest="markexpr", default="",
-                     help="pytest marker expression choosing checks (e.g. 'cdi or identity')")
+    run.add_argument(
+        "-m",
+        dest="markexpr",
+        default="",
+        help="pytest marker expression choosing checks (e.g. 'cdi or identity')",
+    )
     run.add_argument("--out", default="", help="results dir (default reports/<run-id>)")
-    run.add_argument("--plugin-cmd", default=os.environ.get("HV_PLUGIN_CMD", ""),
-                     help="command starting the plugin under test; it receives the standard "
-                     "hv-device-plugin flags appended [HV_PLUGIN_CMD] (default: this repo's)")
-    run.add_argument("-n", dest="workers", default="0",
-                     help="pytest-xdist workers ('auto' or a number; 0 = serial)")
+    run.add_argument(
+        "--plugin-cmd",
+        default=os.environ.get("HV_PLUGIN_CMD", ""),
+        help="command starting the plugin under test; it receives the standard "
+        "hv-device-plugin flags appended [HV_PLUGIN_CMD] (default: this repo's)",
+    )
+    run.add_argument(
+        "-n",
+        dest="workers",
+        default="0",
+        help="pytest-xdist workers ('auto' or a number; 0 = serial)",
+    )
+    run.add_argument(
+        "--recovery-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a plugin may take to detect a fault or recover from it",
+    )
     run.add_argument("--reports-root", default="reports", help="where reports/<run-id> live")
     run.add_argument("pytest_args", nargs="*", help="extra pytest arguments after --")
     return parser
+
+
+def _unknown_markers(markexpr: str) -> list[str]:
+    known = {c.marker for c in (*CATALOGUE, CLEANUP)}
+    words = re.findall(r"[A-Za-z_][A-Za-z0-9_-]*", markexpr)
+    return sorted({w for w in words if w not in ("and", "or", "not") and w not in known})
 
 
 def _link_latest(root: Path, out: Path) -> None:
@@ -53,30 +80,58 @@ def _link_latest(root: Path, out: Path) -> None:
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
+    unknown = _unknown_markers(ns.markexpr)
+    if unknown:
+        known = sorted({c.marker for c in (*CATALOGUE, CLEANUP)})
+        print(
+            f"hvconform: unknown marker(s) in -m: {', '.join(unknown)}; known: {', '.join(known)}",
+            file=sys.stderr,
+        )
+        return 2
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
     root = Path(ns.reports_root).resolve()
     out = Path(ns.out).resolve() if ns.out else root / run_id
     out.mkdir(parents=True, exist_ok=True)
     args = [
-        sys.executable, "-m", "pytest", str(SUITE_DIR),
-        "-c", str(SUITE_DIR / "pytest.ini"), "--rootdir", str(SUITE_DIR),
-        "-p", "conformance.pytest_plugin", "-p", "no:cacheprovider",
-        "--target", ns.target, "--out", str(out), "--run-id", run_id,
-        "--junitxml", str(out / "pytest-junit.xml"), "-q", "-rA",
+        sys.executable,
+        "-m",
+        "pytest",
+        str(SUITE_DIR),
+        "-c",
+        str(SUITE_DIR / "pytest.ini"),
+        "--rootdir",
+        str(SUITE_DIR),
+        "-p",
+        "conformance.pytest_plugin",
+        "-p",
+        "no:cacheprovider",
+        "--target",
+        ns.target,
+        "--out",
+        str(out),
+        "--run-id",
+        run_id,
+        "--junitxml",
+        str(out / "pytest-junit.xml"),
+        "-q",
+        "-rA",
     ]
     if ns.plugin_cmd:
         args += ["--plugin-cmd", ns.plugin_cmd]
     if ns.markexpr:
         args += ["-m", ns.markexpr]
     if ns.workers not in ("", "0"):
-        args += ["-n", ns.workers, "--dist", "loadgroup"]
+        args += ["-n", ns.workers, "--dist", "loadfile"]
     args += ns.pytest_args
     print(f"hvconform: run {run_id} on target {ns.target}; results in {out}", flush=True)
-    code = subprocess.run(args, check=False).returncode
+    env = {**os.environ, "HV_RECOVERY_TIMEOUT_S": str(ns.recovery_timeout)}
+    code = subprocess.run(args, check=False, env=env).returncode
     results = out / "results.json"
     if code == EXIT_NO_CHECKS:
-        print(f"hvconform: no checks selected (-m {ns.markexpr!r}); nothing was verified",
-              file=sys.stderr)
+        print(
+            f"hvconform: no checks selected (-m {ns.markexpr!r}); nothing was verified",
+            file=sys.stderr,
+        )
         return EXIT_NO_CHECKS
     if not results.exists():
         print(f"hvconform: pytest exited {code} without writing {results}", file=sys.stderr)

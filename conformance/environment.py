@@ -27,10 +27,19 @@ def _os_release() -> str:
 def source_commit() -> str:
     root = Path(__file__).resolve().parent.parent
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out + ("-dirty" if dirty else "")
@@ -41,8 +50,14 @@ def _device(path: str) -> dict[str, Any]:
         st = os.lstat(path)
     except OSError as exc:
         return {"present": False, "error": exc.strerror or str(exc)}
-    return {"present": True, "major": os.major(st.st_rdev), "minor": os.minor(st.st_rdev),
-            "mode": oct(st.st_mode & 0o7777), "uid": st.st_uid, "gid": st.st_gid}
+    return {
+        "present": True,
+        "major": os.major(st.st_rdev),
+        "minor": os.minor(st.st_rdev),
+        "mode": oct(st.st_mode & 0o7777),
+        "uid": st.st_uid,
+        "gid": st.st_gid,
+    }
 
 
 def collect() -> dict[str, Any]:

@@ -47,6 +47,10 @@ def _mount_points() -> set[str]:
 
 def still_present(entry: Entry, mounts: set[str] | None = None) -> bool:
     """Whether the resource the entry names still exists on this machine."""
+    if entry.detail.startswith("shared"):
+        # Shared by concurrent runs (/run/netns): a leak only if it stays with nobody inside.
+        path = Path(entry.ident)
+        return path.is_dir() and not any(path.iterdir())
     if entry.kind == "process":
         pid, start = entry.ident.split(":", 1)
         current = _proc_start_time(int(pid))
@@ -81,8 +85,9 @@ class Ledger:
     def record(self, kind: str, ident: str, detail: str = "") -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown ledger kind {kind!r}")
-        line = json.dumps({"op": "created", "kind": kind, "ident": ident, "owner": self.owner,
-                           "detail": detail})
+        line = json.dumps(
+            {"op": "created", "kind": kind, "ident": ident, "owner": self.owner, "detail": detail}
+        )
         with self._lock, self.path.open("a") as f:
             f.write(line + "\n")
             f.flush()

@@ -121,7 +121,7 @@ class Node(Protocol):
 
 
 def wait_for(
-    predicate: Callable[[], T | None | bool],
+    predicate: Callable[[], T | bool | None],
     timeout: float,
     description: str,
     interval: float = 0.005,

@@ -49,8 +49,13 @@ def pytest_configure(config: pytest.Config) -> None:
         run_id = config.getoption("--run-id") or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         out = Path(config.getoption("--out") or Path("reports") / run_id).resolve()
         out.mkdir(parents=True, exist_ok=True)
-        config.stash[_RUN] = {"id": run_id, "out": str(out), "started": time.time(),
-                              "records": {}, "done": 0}
+        config.stash[_RUN] = {
+            "id": run_id,
+            "out": str(out),
+            "started": time.time(),
+            "records": {},
+            "done": 0,
+        }
         os.environ["HV_RUN_ID"], os.environ["HV_RUN_OUT"] = run_id, str(out)
 
 
@@ -111,7 +116,7 @@ def _status_from_report(report: pytest.TestReport) -> tuple[str, str]:
         text = raw.removeprefix("Skipped: ")
         for status in (Status.NOT_APPLICABLE, Status.ENVIRONMENT_BLOCKED):
             if text.startswith(status.value + ": "):
-                return status.value, text[len(status.value) + 2:]
+                return status.value, text[len(status.value) + 2 :]
         return Status.SKIPPED.value, text
     crash = getattr(report.longrepr, "reprcrash", None)
     message = crash.message if crash is not None else str(report.longrepr)
@@ -119,7 +124,7 @@ def _status_from_report(report: pytest.TestReport) -> tuple[str, str]:
 
 
 def _check_id(nodeid: str) -> str | None:
-    check_id = nodeid.rsplit("[", 1)[-1].rstrip("]") if "[" in nodeid else ""
+    check_id = nodeid.rsplit("[", 1)[-1].split("]", 1)[0] if "[" in nodeid else ""
     return check_id if check_id in BY_ID else None
 
 
@@ -159,8 +164,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def _progress(config: pytest.Config, run: dict[str, Any], record: dict[str, Any]) -> None:
     tr = config.pluginmanager.get_plugin("terminalreporter")
-    metrics = ", ".join(f"{k}={v}" for k, v in record.get("metrics", {}).items()
-                        if k.endswith("_s") or k in ("reads", "read_errors", "torn_reads"))
+    metrics = ", ".join(
+        f"{k}={v}"
+        for k, v in record.get("metrics", {}).items()
+        if k.endswith("_s") or k in ("reads", "read_errors", "torn_reads")
+    )
     line = f"[hvconform {run['done']}] {record['id']}: {record['status']}"
     line += f" ({metrics})" if metrics else ""
     line += f" - {record['reason']}" if record.get("reason") else ""
@@ -175,7 +183,10 @@ def _cleanup_record(out: Path) -> dict[str, Any]:
     record = CheckRecord(CLEANUP.id, CLEANUP.marker, CLEANUP.title)
     record.metrics = {"ledger_entries": len(entries), "survivors": len(left)}
     if not entries:
-        record.status, record.reason = Status.SKIPPED.value, "no ledger entries: no node was created"
+        record.status, record.reason = (
+            Status.SKIPPED.value,
+            "no ledger entries: no node was created",
+        )
     elif left:
         record.status = Status.FAILED.value
         record.reason = "left behind: " + "; ".join(f"{e.kind} {e.ident}" for e in left[:10])
@@ -206,11 +217,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     write_results(
         out / "results.json",
         run={
-            "id": run["id"], "target": config.getoption("--target"),
-            "started_at": environment.iso(run["started"]), "finished_at": environment.iso(finished),
-            "duration_s": round(finished - run["started"], 3), "exit_code": int(session.exitstatus),
+            "id": run["id"],
+            "target": config.getoption("--target"),
+            "started_at": environment.iso(run["started"]),
+            "finished_at": environment.iso(finished),
+            "duration_s": round(finished - run["started"], 3),
+            "exit_code": int(session.exitstatus),
             "plugin_cmd": config.getoption("--plugin-cmd") or "hv-device-plugin (this repository)",
-            "markexpr": config.getoption("-m") or "", "counts": counts,
+            "markexpr": config.getoption("-m") or "",
+            "counts": counts,
             "workers": str(config.getoption("numprocesses", None) or 0),
         },
         environment=environment.collect(),

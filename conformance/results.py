@@ -101,8 +101,9 @@ def validate_results(data: dict[str, Any]) -> None:
     jsonschema.validate(data, load_schema())
 
 
-def write_results(path: Path, run: dict[str, Any], environment: dict[str, Any],
-                  checks: list[CheckRecord]) -> dict[str, Any]:
+def write_results(
+    path: Path, run: dict[str, Any], environment: dict[str, Any], checks: list[CheckRecord]
+) -> dict[str, Any]:
     data = {
         "schema_version": SCHEMA_VERSION,
         "run": run,

@@ -112,9 +112,9 @@ class Registrar:
                 wait_for_ready=False,
             )
 
-    async def _wait_kick(self, timeout: float) -> bool:
+    async def _wait_kick(self, within_s: float) -> bool:
         try:
-            await asyncio.wait_for(self._kick.wait(), timeout)
+            await asyncio.wait_for(self._kick.wait(), within_s)
         except TimeoutError:
             return False
         self._kick.clear()
@@ -135,7 +135,7 @@ class Registrar:
                 warn("register_failed", attempt=attempt, error=last, socket=str(self._socket))
                 self._health.set_registered(False, f"attempt {attempt} failed: {last}")
                 # Full jitter: many plugins restarting with one kubelet must not stampede it.
-                await self._wait_kick(random.uniform(backoff / 2, backoff))
+                await self._wait_kick(random.uniform(backoff / 2, backoff))  # noqa: S311 - jitter, not crypto
                 backoff = min(backoff * 2, self._cfg.register_backoff_max_s)
                 continue
             self.registrations += 1
@@ -170,7 +170,9 @@ class Registrar:
         return reason
 
     async def run(self) -> None:
-        self._watcher = DirWatcher([self._cfg.device_plugin_dir], self._on_dir_event, RESTART_POLL_S)
+        self._watcher = DirWatcher(
+            [self._cfg.device_plugin_dir], self._on_dir_event, RESTART_POLL_S
+        )
         watch_task = asyncio.ensure_future(self._watcher.run())
         try:
             await self._serve()

@@ -7,7 +7,15 @@ from dataclasses import dataclass
 
 from conformance.node import Node
 from conformance.results import Recorder
-from conformance.scenarios import atomicity, cdi, guest, identity, preservation, registration, restart
+from conformance.scenarios import (
+    atomicity,
+    cdi,
+    guest,
+    identity,
+    preservation,
+    registration,
+    restart,
+)
 
 
 @dataclass(frozen=True)
@@ -27,12 +35,20 @@ CATALOGUE: tuple[Check, ...] = (
     Check("cdi-read-only", "cdi", "Read-only CDI storage", cdi.cdi_read_only),
     Check("identity-missing", "identity", "Missing host identity", identity.identity_missing),
     Check("device-unusable", "identity", "Existing unusable device", identity.device_unusable),
-    Check("registration-failure", "registration", "Registration failure",
-          registration.registration_failure),
+    Check(
+        "registration-failure",
+        "registration",
+        "Registration failure",
+        registration.registration_failure,
+    ),
     Check("restart-plugin", "restart", "Plugin restart", restart.restart_plugin),
     Check("restart-kubelet", "restart", "Kubelet restart", restart.restart_kubelet),
-    Check("atomic-replacement", "atomicity", "Atomic replacement during allocation",
-          atomicity.atomic_replacement),
+    Check(
+        "atomic-replacement",
+        "atomicity",
+        "Atomic replacement during allocation",
+        atomicity.atomic_replacement,
+    ),
     Check("preservation", "preservation", "Preservation", preservation.preservation),
 )
 # "cleanup" is verified by the run controller after every node is torn down.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from conformance.node import CAP_READ_ONLY, Node, require, wait_for
+from conformance.results import Recorder
 from conformance.scenarios.common import (
     FAULT_TIMEOUT_S,
     RECOVERY_TIMEOUT_S,
@@ -12,7 +13,6 @@ from conformance.scenarios.common import (
     wait_ready,
     wait_spec_desired,
 )
-from conformance.results import Recorder
 
 
 def _stale(baseline: bytes) -> bytes:
@@ -62,7 +62,9 @@ def cdi_non_regular(node: Node, rec: Recorder) -> None:
         except FileExistsError:
             assert time.monotonic() < deadline, "could not place a directory at the spec path"
     t0 = rec.event("directory placed at spec path")
-    wait_for(lambda: not node.plugin_ready(), FAULT_TIMEOUT_S, "readiness false (directory at spec)")
+    wait_for(
+        lambda: not node.plugin_ready(), FAULT_TIMEOUT_S, "readiness false (directory at spec)"
+    )
     wait_for(lambda: node.allocatable() == 0, FAULT_TIMEOUT_S, "allocatable 0 (directory at spec)")
     rec.metric("detected_s", rec.event("unready and allocatable 0") - t0)
     info = node.stat("cdi", name)

@@ -18,7 +18,9 @@ def identity_missing(node: Node, rec: Recorder) -> None:
     node.remove("host_dev", device)
     t0 = rec.event("device removed from host view")
     try:
-        wait_for(lambda: node.allocatable() == 0, FAULT_TIMEOUT_S, "allocatable 0 (identity missing)")
+        wait_for(
+            lambda: node.allocatable() == 0, FAULT_TIMEOUT_S, "allocatable 0 (identity missing)"
+        )
         rec.metric("detected_s", rec.event("allocatable 0") - t0)
         assert node.capacity() > 0, "capacity must stay advertised while devices are unhealthy"
         assert not node.plugin_ready()
@@ -41,7 +43,9 @@ def device_unusable(node: Node, rec: Recorder) -> None:
         assert not allocation.ok, "allocation succeeded on a device that is not a hypervisor"
         rec.metric("refused_s", rec.event("allocation refused") - t0)
         rec.note(f"refusal: {allocation.reason}: {allocation.message}")
-        wait_for(lambda: node.allocatable() == 0, FAULT_TIMEOUT_S, "allocatable 0 (unusable device)")
+        wait_for(
+            lambda: node.allocatable() == 0, FAULT_TIMEOUT_S, "allocatable 0 (unusable device)"
+        )
     finally:
         node.remap_device_unusable(False)
     t1 = rec.event("device mapping restored")

@@ -19,8 +19,11 @@ def preservation(node: Node, rec: Recorder) -> None:
     if CAP_LONG_GUEST in node.capabilities and node.session_guest:
         handle = node.session_guest
         before = node.long_guest_counter(handle)
-        wait_for(lambda: node.long_guest_counter(handle) > before, 30,
-                 "session-long guest still counting")
+        wait_for(
+            lambda: node.long_guest_counter(handle) > before,
+            30,
+            "session-long guest still counting",
+        )
         rec.metric("session_guest_counter", node.long_guest_counter(handle))
     else:
         rec.note("no session-long guest on this target")

@@ -6,7 +6,12 @@ import time
 
 from conformance.node import CAP_SOCKET_REDIRECT, Node, require, wait_for
 from conformance.results import Recorder
-from conformance.scenarios.common import FAULT_TIMEOUT_S, RECOVERY_TIMEOUT_S, fresh_guest, wait_ready
+from conformance.scenarios.common import (
+    FAULT_TIMEOUT_S,
+    RECOVERY_TIMEOUT_S,
+    fresh_guest,
+    wait_ready,
+)
 
 # Retrying must cost next to nothing: a busy loop shows up as CPU time in this window.
 QUIET_WINDOW_S = 4.0
@@ -23,8 +28,12 @@ def registration_failure(node: Node, rec: Recorder) -> None:
         wait_for(lambda: node.allocatable() == 0, FAULT_TIMEOUT_S, "allocatable 0 (no kubelet)")
         rec.metric("detected_s", rec.event("not ready") - t0)
         cpu0, w0 = node.plugin_cpu_seconds(), time.monotonic()
-        wait_for(lambda: time.monotonic() - w0 >= QUIET_WINDOW_S, QUIET_WINDOW_S + 5,
-                 "quiet window to elapse", interval=0.1)
+        wait_for(
+            lambda: time.monotonic() - w0 >= QUIET_WINDOW_S,
+            QUIET_WINDOW_S + 5,
+            "quiet window to elapse",
+            interval=0.1,
+        )
         share = (node.plugin_cpu_seconds() - cpu0) / (time.monotonic() - w0)
         rec.metric("retry_cpu_share", share)
         assert share < MAX_CPU_SHARE, f"plugin used {share:.0%} of a CPU while unregistered"
@@ -34,8 +43,11 @@ def registration_failure(node: Node, rec: Recorder) -> None:
         node.redirect_plugin_sockets(empty=False)
     restored = time.monotonic()
     t1 = rec.event("kubelet socket dir restored", restored)
-    wait_for(lambda: (node.last_registration_at() or 0.0) > restored, RECOVERY_TIMEOUT_S,
-             "registration after the socket dir was restored")
+    wait_for(
+        lambda: (node.last_registration_at() or 0.0) > restored,
+        RECOVERY_TIMEOUT_S,
+        "registration after the socket dir was restored",
+    )
     rec.metric("reregistration_s", (node.last_registration_at() or restored) - restored)
     rec.metric("recovery_s", wait_ready(node, rec, "after restore") - t1)
     fresh_guest(node, rec, "registration restored")

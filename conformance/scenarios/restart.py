@@ -31,8 +31,11 @@ def restart_plugin(node: Node, rec: Recorder) -> None:
     assert node.plugin_instance() != before, "the plugin process was not replaced"
     rec.metric("recovery_s", wait_ready(node, rec, "after plugin restart") - t0)
     if guest:
-        wait_for(lambda: node.long_guest_counter(guest) > counter_before, 30,
-                 "long-running guest to keep counting across the plugin restart")
+        wait_for(
+            lambda: node.long_guest_counter(guest) > counter_before,
+            30,
+            "long-running guest to keep counting across the plugin restart",
+        )
         rec.metric("guest_counter", node.long_guest_counter(guest))
     fresh_guest(node, rec, "plugin restart")
 
@@ -42,8 +45,11 @@ def _kubelet_restart(node: Node, rec: Recorder, graceful: bool) -> float:
     wait_ready(node, rec, f"before kubelet {label} restart")
     back = node.restart_kubelet(graceful=graceful)
     t0 = rec.event(f"kubelet back after {label} restart", back)
-    wait_for(lambda: (node.last_registration_at() or 0.0) > back, RECOVERY_TIMEOUT_S,
-             f"re-registration after kubelet {label} restart")
+    wait_for(
+        lambda: (node.last_registration_at() or 0.0) > back,
+        RECOVERY_TIMEOUT_S,
+        f"re-registration after kubelet {label} restart",
+    )
     latency = (node.last_registration_at() or back) - back
     rec.event(f"plugin re-registered ({label})", (node.last_registration_at() or back))
     wait_ready(node, rec, f"after kubelet {label} restart")
@@ -59,7 +65,10 @@ def restart_kubelet(node: Node, rec: Recorder) -> None:
         _kubelet_restart(node, rec, graceful=False)
     else:
         rec.note("crash restart not available on this target: graceful only")
-    rec.metric("reregistration_s", max(
-        float(rec.record.metrics.get("reregistration_graceful_s", 0.0)),
-        float(rec.record.metrics.get("reregistration_crash_s", 0.0)),
-    ))
+    rec.metric(
+        "reregistration_s",
+        max(
+            float(rec.record.metrics.get("reregistration_graceful_s", 0.0)),
+            float(rec.record.metrics.get("reregistration_crash_s", 0.0)),
+        ),
+    )

@@ -45,8 +45,8 @@ from conformance.node import (
 )
 from conformance.results import EnvironmentBlocked
 from conformance.targets.local_io import LocalFiles, ReaderStorm, device_metadata, mount, umount
-from conformance.targets.runtime import guest_command, run_workload, start_workload
 from conformance.targets.netns import free_index
+from conformance.targets.runtime import guest_command, run_workload, start_workload
 from conformance.targets.sandbox import PluginSandbox
 
 RESOURCE = "hyperlight.dev/hypervisor"
@@ -55,9 +55,14 @@ HEALTH_PORT = 8080
 SETUP_TIMEOUT_S = 60.0
 SENTINELS = {
     "zz-unrelated-vendor.json": json.dumps(
-        {"cdiVersion": "0.5.0", "kind": "example.com/sentinel",
-         "devices": [{"name": "s0", "containerEdits": {"env": ["SENTINEL=1"]}}]},
-        indent=2).encode() + b"\n",
+        {
+            "cdiVersion": "0.5.0",
+            "kind": "example.com/sentinel",
+            "devices": [{"name": "s0", "containerEdits": {"env": ["SENTINEL=1"]}}],
+        },
+        indent=2,
+    ).encode()
+    + b"\n",
     "aa-operator-notes.yaml": b"# owned by the operator, never by the plugin\nkeep: true\n",
 }
 
@@ -77,16 +82,27 @@ class LocalNode(LocalFiles):
     name = "local"
     resource = RESOURCE
     spec_name = SPEC_NAME
-    capabilities = frozenset({
-        CAP_KUBELET_RESTART, CAP_KUBELET_CRASH, CAP_PLUGIN_RESTART, CAP_READ_ONLY,
-        CAP_DEVICE_VIEW, CAP_DEVICE_REMAP, CAP_SOCKET_REDIRECT, CAP_GUEST, CAP_LONG_GUEST,
-        CAP_READ_STORM,
-    })
+    capabilities = frozenset(
+        {
+            CAP_KUBELET_RESTART,
+            CAP_KUBELET_CRASH,
+            CAP_PLUGIN_RESTART,
+            CAP_READ_ONLY,
+            CAP_DEVICE_VIEW,
+            CAP_DEVICE_REMAP,
+            CAP_SOCKET_REDIRECT,
+            CAP_GUEST,
+            CAP_LONG_GUEST,
+            CAP_READ_STORM,
+        }
+    )
 
     def __init__(self, *, out_dir: Path, worker: str, plugin_cmd: str) -> None:
         self.out_dir = out_dir
         self.worker = worker
-        self.plugin_cmd = shlex.split(plugin_cmd) if plugin_cmd else [sys.executable, "-m", "plugin"]
+        self.plugin_cmd = (
+            shlex.split(plugin_cmd) if plugin_cmd else [sys.executable, "-m", "plugin"]
+        )
         self.ledger = Ledger(out_dir / "ledger" / f"{worker}.jsonl", owner=worker)
         self.baseline_spec = b""
         self.sentinels = dict(SENTINELS)
@@ -119,10 +135,14 @@ class LocalNode(LocalFiles):
         self.guest_dir.mkdir()
         os.chown(self.guest_dir, 65534, 65534)
         # /var/run/cdi lives on tmpfs on real nodes; the host-device view is a devtmpfs stand-in.
-        self._mount(["-t", "tmpfs", "-o", "size=4m,mode=0755", "hv-cdi", str(self.dirs["cdi"])],
-                    self.dirs["cdi"])
-        self._mount(["-t", "tmpfs", "-o", "size=1m,mode=0755", "hv-dev", str(self.dirs["host_dev"])],
-                    self.dirs["host_dev"])
+        self._mount(
+            ["-t", "tmpfs", "-o", "size=4m,mode=0755", "hv-cdi", str(self.dirs["cdi"])],
+            self.dirs["cdi"],
+        )
+        self._mount(
+            ["-t", "tmpfs", "-o", "size=1m,mode=0755", "hv-dev", str(self.dirs["host_dev"])],
+            self.dirs["host_dev"],
+        )
         kvm = os.stat("/dev/kvm")
         self.make_char_device("host_dev", "kvm", os.major(kvm.st_rdev), os.minor(kvm.st_rdev))
         for name, data in self.sentinels.items():
@@ -130,26 +150,38 @@ class LocalNode(LocalFiles):
         self.kubelet = ThreadedKubeletEmulator(self.plugin_dir)
         self.kubelet.start()
         self.sandbox = PluginSandbox(
-            self._plugin_argv(), run_dir=self.state, ledger=self.ledger,
-            index=_net_index(self.worker), dev_nodes=("/dev/kvm",),
-            log_path=self.root / "plugin.log", http_port=HEALTH_PORT,
+            self._plugin_argv(),
+            run_dir=self.state,
+            ledger=self.ledger,
+            index=_net_index(self.worker),
+            dev_nodes=("/dev/kvm",),
+            log_path=self.root / "plugin.log",
+            http_port=HEALTH_PORT,
         )
         self.sandbox.argv += ["--health-addr", self.sandbox.health_addr]
         self.sandbox.start()
-        wait_for(self.plugin_ready, SETUP_TIMEOUT_S, "plugin ready at node setup")
+        wait_for(self._ready_or_dead, SETUP_TIMEOUT_S, "plugin ready at node setup")
         wait_for(lambda: self.allocatable() > 0, SETUP_TIMEOUT_S, "allocatable > 0 at node setup")
-        self.baseline_spec = wait_for(lambda: self.read_file("cdi", SPEC_NAME), SETUP_TIMEOUT_S,
-                                      "the plugin's CDI spec at node setup")
+        self.baseline_spec = wait_for(
+            lambda: self.read_file("cdi", SPEC_NAME),
+            SETUP_TIMEOUT_S,
+            "the plugin's CDI spec at node setup",
+        )
         allocation = self.allocate()
         if allocation.ok:
             self.session_guest = self.start_long_guest(allocation)
 
     def _plugin_argv(self) -> list[str]:
         assert self.sandbox is None
-        return [*self.plugin_cmd,
-                "--device-plugin-dir", str(self.plugin_dir),
-                "--cdi-dir", str(self.dirs["cdi"]),
-                "--host-dev-dir", str(self.dirs["host_dev"])]
+        return [
+            *self.plugin_cmd,
+            "--device-plugin-dir",
+            str(self.plugin_dir),
+            "--cdi-dir",
+            str(self.dirs["cdi"]),
+            "--host-dev-dir",
+            str(self.dirs["host_dev"]),
+        ]
 
     def teardown(self) -> None:
         for handle, proc in list(self._guests.items()):
@@ -169,8 +201,9 @@ class LocalNode(LocalFiles):
             umount(mountpoint)
         self._mounts.clear()
         if hasattr(self, "root"):
-            shutil.copy2(self.root / "plugin.log", self.out_dir / f"plugin-{self.worker}.log") \
-                if (self.root / "plugin.log").exists() else None
+            shutil.copy2(self.root / "plugin.log", self.out_dir / f"plugin-{self.worker}.log") if (
+                self.root / "plugin.log"
+            ).exists() else None
             shutil.rmtree(self.root, ignore_errors=False)
 
     def _mount(self, args: list[str], mountpoint: Path) -> None:
@@ -215,6 +248,11 @@ class LocalNode(LocalFiles):
     def plugin_ready(self) -> bool:
         return self._http_ok("/readyz")
 
+    def _ready_or_dead(self) -> bool:
+        if not self._sandbox().running:
+            raise RuntimeError(f"the plugin exited during node setup:\n{self.plugin_log_tail(20)}")
+        return self.plugin_ready()
+
     def plugin_instance(self) -> str:
         return str(self._sandbox().pid)
 
@@ -227,7 +265,9 @@ class LocalNode(LocalFiles):
 
     def plugin_log_tail(self, lines: int = 50) -> str:
         log = self.root / "plugin.log"
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
+        return (
+            "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
+        )
 
     def redirect_plugin_sockets(self, empty: bool) -> None:
         if empty:
@@ -275,10 +315,13 @@ class LocalNode(LocalFiles):
         outcome = self._kubelet().allocate(RESOURCE, 1)
         response = outcome.response
         allocation = Allocation(
-            ok=outcome.ok, device_ids=list(outcome.device_ids),
+            ok=outcome.ok,
+            device_ids=list(outcome.device_ids),
             cdi_devices=[d.name for d in response.cdi_devices] if response else [],
             envs=dict(response.envs) if response else {},
-            phase=outcome.phase, reason=outcome.reason, message=outcome.message,
+            phase=outcome.phase,
+            reason=outcome.reason,
+            message=outcome.message,
         )
         if outcome.allocation is not None:
             self._allocations[id(allocation)] = outcome.allocation
@@ -296,8 +339,14 @@ class LocalNode(LocalFiles):
 
     def run_guest(self, allocation: Allocation) -> GuestOutcome:
         argv, env = guest_command("run", "--json")
-        proc = run_workload(allocation.cdi_devices, [self.dirs["cdi"]], argv,
-                            env={**allocation.envs, **env}, timeout=60, ledger=self.ledger)
+        proc = run_workload(
+            allocation.cdi_devices,
+            [self.dirs["cdi"]],
+            argv,
+            env={**allocation.envs, **env},
+            timeout=60,
+            ledger=self.ledger,
+        )
         lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
         value = json.loads(lines[-1]).get("value") if lines else None
         detail = (proc.stdout + proc.stderr).strip()[-600:]
@@ -306,10 +355,22 @@ class LocalNode(LocalFiles):
     def start_long_guest(self, allocation: Allocation) -> str:
         handle = f"guest-{len(self._guests)}"
         state = self.guest_dir / f"{handle}.json"
-        argv, env = guest_command("counter", "--device", self._device_in_workload(allocation),
-                                  "--state-file", str(state), "--interval", "0.05")
-        proc = start_workload(allocation.cdi_devices, [self.dirs["cdi"]], argv,
-                              env={**allocation.envs, **env}, ledger=self.ledger)
+        argv, env = guest_command(
+            "counter",
+            "--device",
+            self._device_in_workload(allocation),
+            "--state-file",
+            str(state),
+            "--interval",
+            "0.05",
+        )
+        proc = start_workload(
+            allocation.cdi_devices,
+            [self.dirs["cdi"]],
+            argv,
+            env={**allocation.envs, **env},
+            ledger=self.ledger,
+        )
         self._guests[handle] = proc
         return handle
 
@@ -337,4 +398,3 @@ def _net_index(worker: str) -> int:
     digits = int("".join(ch for ch in worker if ch.isdigit()) or 0)
     start = 1 + (digits * 7 + os.getpid()) % 63
     return free_index([1 + (start + i) % 63 for i in range(63)])
-

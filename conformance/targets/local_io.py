@@ -13,9 +13,15 @@ from pathlib import Path
 from conformance.ledger import Ledger
 from conformance.node import Area, FileInfo, ReadStats, wait_for
 
-_KINDS = ((stat.S_ISREG, "file"), (stat.S_ISDIR, "dir"), (stat.S_ISLNK, "symlink"),
-          (stat.S_ISCHR, "char"), (stat.S_ISBLK, "block"), (stat.S_ISFIFO, "fifo"),
-          (stat.S_ISSOCK, "socket"))
+_KINDS = (
+    (stat.S_ISREG, "file"),
+    (stat.S_ISDIR, "dir"),
+    (stat.S_ISLNK, "symlink"),
+    (stat.S_ISCHR, "char"),
+    (stat.S_ISBLK, "block"),
+    (stat.S_ISFIFO, "fifo"),
+    (stat.S_ISSOCK, "socket"),
+)
 
 
 def mount(args: list[str]) -> None:
@@ -32,8 +38,14 @@ def device_metadata(path: str) -> dict[str, int | str]:
     """What the two-phase check compares: type, numbers, mode and owner of a device node."""
     st = os.lstat(path)
     kind = next((name for test, name in _KINDS if test(st.st_mode)), "other")
-    return {"type": kind, "major": os.major(st.st_rdev), "minor": os.minor(st.st_rdev),
-            "mode": st.st_mode & 0o7777, "uid": st.st_uid, "gid": st.st_gid}
+    return {
+        "type": kind,
+        "major": os.major(st.st_rdev),
+        "minor": os.minor(st.st_rdev),
+        "mode": st.st_mode & 0o7777,
+        "uid": st.st_uid,
+        "gid": st.st_gid,
+    }
 
 
 class LocalFiles:
@@ -76,8 +88,14 @@ class LocalFiles:
         except FileNotFoundError:
             return None
         kind = next((n for test, n in _KINDS if test(st.st_mode)), "other")
-        return FileInfo(kind, st.st_mode & 0o7777, st.st_uid, st.st_gid,
-                        os.major(st.st_rdev), os.minor(st.st_rdev))
+        return FileInfo(
+            kind,
+            st.st_mode & 0o7777,
+            st.st_uid,
+            st.st_gid,
+            os.major(st.st_rdev),
+            os.minor(st.st_rdev),
+        )
 
     def remove(self, area: Area, name: str) -> None:
         self._path(area, name).unlink(missing_ok=True)
@@ -115,8 +133,16 @@ class ReaderStorm:
         self._out = state / f"storm-{os.getpid()}.json"
         ready = state / f"storm-{os.getpid()}.ready"
         ready.unlink(missing_ok=True)
-        args = [sys.executable, "-m", "conformance.targets.reader", str(path), "--out",
-                str(self._out), "--ready", str(ready)]
+        args = [
+            sys.executable,
+            "-m",
+            "conformance.targets.reader",
+            str(path),
+            "--out",
+            str(self._out),
+            "--ready",
+            str(ready),
+        ]
         for f in self._files:
             args += ["--accept", str(f)]
         self._proc = subprocess.Popen(args)
@@ -131,7 +157,9 @@ class ReaderStorm:
         for f in (*self._files, self._out):
             f.unlink(missing_ok=True)
         return ReadStats(
-            reads=data["reads"], errors=data["errors"], unexpected=data["unexpected"],
+            reads=data["reads"],
+            errors=data["errors"],
+            unexpected=data["unexpected"],
             first_seen={int(k): float(v) for k, v in data["first_seen"].items()},
             detail="; ".join(data["samples"]),
         )

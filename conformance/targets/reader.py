@@ -52,8 +52,13 @@ def main(argv: list[str] | None = None) -> int:
                 samples.append(f"unexpected {len(data)} bytes: {data[:60]!r}")
             continue
         first_seen.setdefault(index, time.monotonic())
-    out = {"reads": reads, "errors": errors, "unexpected": unexpected,
-           "first_seen": {str(k): v for k, v in first_seen.items()}, "samples": samples}
+    out = {
+        "reads": reads,
+        "errors": errors,
+        "unexpected": unexpected,
+        "first_seen": {str(k): v for k, v in first_seen.items()},
+        "samples": samples,
+    }
     tmp = Path(ns.out + ".tmp")
     tmp.write_text(json.dumps(out))
     tmp.replace(ns.out)

@@ -7,7 +7,7 @@ import sys
 from plugin import __main__ as entry
 from plugin.registration import Registrar
 
-Registrar._restart_needed = lambda self: ""  # type: ignore[method-assign]  # noqa: SLF001
+Registrar._restart_needed = lambda self: ""  # type: ignore[method-assign]
 
 if __name__ == "__main__":
     sys.exit(entry.main())

@@ -45,8 +45,14 @@ class KubeletStub(pb_grpc.RegistrationServicer):
             serving, error = False, f"{exc.code().name}: {exc.details()}"
         with self._cond:
             self.registrations.append(
-                Registration(time.monotonic(), request.endpoint, request.resource_name,
-                             request.version, serving, error)
+                Registration(
+                    time.monotonic(),
+                    request.endpoint,
+                    request.resource_name,
+                    request.version,
+                    serving,
+                    error,
+                )
             )
             self._cond.notify_all()
         if not serving:
@@ -87,6 +93,7 @@ class KubeletStub(pb_grpc.RegistrationServicer):
 
     def wait_serving_after(self, after: float, timeout: float) -> Registration:
         """The first successful registration that arrived after `after` (monotonic)."""
+
         def found() -> Registration | None:
             return next((r for r in self.registrations if r.at > after and r.serving), None)
 

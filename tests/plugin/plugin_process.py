@@ -25,7 +25,9 @@ from tests.plugin.kubelet_stub import KubeletStub
 KVM_RDEV = os.stat("/dev/kvm").st_rdev if os.path.exists("/dev/kvm") else 0
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.01) -> Any:
+def wait_for(
+    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.01
+) -> Any:
     """Poll a condition until it holds; the error names the wait that expired."""
     deadline = time.monotonic() + timeout
     while True:
@@ -90,14 +92,23 @@ class PluginProcess:
         self.kubelet = kubelet
         self.log_path = node.root / "plugin.log"
         args = [
-            sys.executable, "-m", "plugin",
-            "--device-plugin-dir", str(node.plugin_dir),
-            "--cdi-dir", str(node.cdi_dir),
-            "--host-dev-dir", str(node.host_dev),
-            "--health-addr", "127.0.0.1:0",
-            "--slots", "4",
-            "--register-backoff-initial", "0.05",
-            "--log-level", "debug",
+            sys.executable,
+            "-m",
+            "plugin",
+            "--device-plugin-dir",
+            str(node.plugin_dir),
+            "--cdi-dir",
+            str(node.cdi_dir),
+            "--host-dev-dir",
+            str(node.host_dev),
+            "--health-addr",
+            "127.0.0.1:0",
+            "--slots",
+            "4",
+            "--register-backoff-initial",
+            "0.05",
+            "--log-level",
+            "debug",
             *extra,
         ]
         self._log = self.log_path.open("wb")
@@ -140,7 +151,9 @@ class PluginProcess:
         channel, stub = self.stub()
         with channel:
             return stub.Allocate(
-                pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]),
+                pb.AllocateRequest(
+                    container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]
+                ),
                 timeout=10,
             )
 

@@ -77,8 +77,11 @@ def test_watch_repairs_without_allocate(
     else:
         spec.chmod(0o600)
     wait_for(
-        lambda: spec.exists() and spec.read_bytes() == desired and spec.stat().st_mode & 0o777 == 0o644,
-        5, f"repair of {damage} spec by the watcher",
+        lambda: (
+            spec.exists() and spec.read_bytes() == desired and spec.stat().st_mode & 0o777 == 0o644
+        ),
+        5,
+        f"repair of {damage} spec by the watcher",
     )
 
 
@@ -103,13 +106,16 @@ def test_read_only_storage_refuses_then_recovers(
     plugin: PluginProcess, node: Node, stream: Stream
 ) -> None:
     # An empty read-only tmpfs over the CDI dir: the spec is missing and cannot be written.
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "hv-ro", str(node.cdi_dir)],
-                   check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "hv-ro", str(node.cdi_dir)], check=True
+    )
     try:
         wait_for(lambda: plugin.http("/readyz")[0] == 503, 15, "readiness false on read-only CDI")
         body = plugin.http("/readyz")[1]
-        assert "Read-only" in body["conditions"]["cdi"]["reason"] or "EROFS" in body[
-            "conditions"]["cdi"]["reason"]
+        assert (
+            "Read-only" in body["conditions"]["cdi"]["reason"]
+            or "EROFS" in body["conditions"]["cdi"]["reason"]
+        )
         assert plugin.http("/healthz")[0] == 200, "liveness must stay true"
         with pytest.raises(grpc.RpcError) as err:
             plugin.allocate("kvm-0")

@@ -95,7 +95,10 @@ def test_allocate_success_and_unavailable_when_device_gone(
         resp = plugin.allocate("kvm-0")
         (c,) = resp.container_responses
         assert [d.name for d in c.cdi_devices] == [CDI_NAME]
-        assert dict(c.envs) == {"HYPERLIGHT_HYPERVISOR": "kvm", "HYPERLIGHT_DEVICE_PATH": "/dev/kvm"}
+        assert dict(c.envs) == {
+            "HYPERLIGHT_HYPERVISOR": "kvm",
+            "HYPERLIGHT_DEVICE_PATH": "/dev/kvm",
+        }
         assert not c.devices, "workloads get the device through CDI only"
         (node.host_dev / "kvm").unlink()
         with pytest.raises(grpc.RpcError) as err:
@@ -127,8 +130,10 @@ def test_preferred_allocation_is_deterministic(plugin: PluginProcess) -> None:
                 )
             ]
         )
-        answers = {tuple(stub.GetPreferredAllocation(req, timeout=5).container_responses[0].deviceIDs)
-                   for _ in range(5)}
+        answers = {
+            tuple(stub.GetPreferredAllocation(req, timeout=5).container_responses[0].deviceIDs)
+            for _ in range(5)
+        }
     assert answers == {("kvm-2", "kvm-1")}
 
 

@@ -28,9 +28,20 @@ def test_invalid_hypervisor_device_refused_before_writing(tmp_path: Path, device
     cdi.mkdir()
     plugins.mkdir()
     proc = subprocess.run(
-        [*PLUGIN, "--hypervisor-device", device, "--cdi-dir", str(cdi),
-         "--device-plugin-dir", str(plugins), "--health-addr", ""],
-        capture_output=True, text=True, timeout=30,
+        [
+            *PLUGIN,
+            "--hypervisor-device",
+            device,
+            "--cdi-dir",
+            str(cdi),
+            "--device-plugin-dir",
+            str(plugins),
+            "--health-addr",
+            "",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -39,15 +50,26 @@ def test_invalid_hypervisor_device_refused_before_writing(tmp_path: Path, device
 
 
 def test_env_variable_sets_option(tmp_path: Path) -> None:
-    proc = subprocess.run([*PLUGIN, "--health-addr", ""], capture_output=True, text=True,
-                          timeout=30, env={**os.environ, "HV_HYPERVISOR_DEVICE": "/dev/null"})
+    proc = subprocess.run(
+        [*PLUGIN, "--health-addr", ""],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "HV_HYPERVISOR_DEVICE": "/dev/null"},
+    )
     assert proc.returncode == 2 and "/dev/null" in proc.stderr
 
 
 def test_help_names_every_env_variable() -> None:
     out = subprocess.run([*PLUGIN, "--help"], capture_output=True, text=True, timeout=30).stdout
-    for env in ("HV_HYPERVISOR_DEVICE", "HV_CDI_DIR", "HV_HOST_DEV_DIR", "HV_PROBE_TIMEOUT",
-                "HV_MODE", "HV_REGISTER_ATTEMPTS"):
+    for env in (
+        "HV_HYPERVISOR_DEVICE",
+        "HV_CDI_DIR",
+        "HV_HOST_DEV_DIR",
+        "HV_PROBE_TIMEOUT",
+        "HV_MODE",
+        "HV_REGISTER_ATTEMPTS",
+    ):
         assert env in out
 
 
@@ -73,11 +95,13 @@ def test_device_access_mode_gives_a_device_spec(node: Node, kubelet: KubeletStub
 
 def test_registration_bounded_then_recovers(node: Node) -> None:
     kubelet = KubeletStub(node.plugin_dir)  # not started: nobody listens on kubelet.sock
-    proc = PluginProcess(node, kubelet, "--register-attempts", "3",
-                         "--register-backoff-max", "0.2")
+    proc = PluginProcess(node, kubelet, "--register-attempts", "3", "--register-backoff-max", "0.2")
     try:
-        wait_for(lambda: any(e.get("event") == "register_gave_up" for e in proc.events()),
-                 30, "plugin to give up after 3 attempts")
+        wait_for(
+            lambda: any(e.get("event") == "register_gave_up" for e in proc.events()),
+            30,
+            "plugin to give up after 3 attempts",
+        )
         failures = [e for e in proc.events() if e.get("event") == "register_failed"]
         assert len(failures) == 3
         status, body = proc.http("/readyz")
@@ -96,8 +120,12 @@ def test_registration_bounded_then_recovers(node: Node) -> None:
 
 def test_exec_probe_subcommand(plugin: PluginProcess, node: Node) -> None:
     def probe(which: str) -> tuple[int, dict[str, str]]:
-        r = subprocess.run([*PLUGIN, "probe", which, "--device-plugin-dir", str(node.plugin_dir)],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [*PLUGIN, "probe", which, "--device-plugin-dir", str(node.plugin_dir)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         return r.returncode, json.loads(r.stdout)
 
     assert probe("liveness")[0] == 0

@@ -1,0 +1,18 @@
+"""Checks that inject faults into one node, in catalogue order; preservation runs last."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.node import Node
+from conformance.pytest_plugin import run_check
+from conformance.results import Recorder
+from conformance.scenarios import Check
+from conformance.suite._params import WORKLOAD_CHECKS, check_params
+
+
+@pytest.mark.parametrize("check_id", check_params(WORKLOAD_CHECKS, include=False))
+def test_check(check_id: str, node: Node, check_record: tuple[Check, Recorder]) -> None:
+    check, rec = check_record
+    assert check.id == check_id
+    run_check(node, check, rec)

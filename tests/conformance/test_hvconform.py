@@ -1,0 +1,105 @@
+"""The conformance suite end to end: against our plugin, against broken mutants, and its CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.results import validate_results
+from conformance.scenarios import CATALOGUE
+
+ROOT = Path(__file__).resolve().parents[2]
+EVERY_CHECK = [c.id for c in CATALOGUE] + ["cleanup"]
+
+
+def hvconform(tmp_path: Path, *args: str, plugin: str = "") -> tuple[int, dict[str, Any], str]:
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "conformance.cli",
+        "run",
+        "--out",
+        str(out),
+        "--reports-root",
+        str(tmp_path),
+        *args,
+    ]
+    if plugin:
+        # The plugin runs with its own working dir: the mutants are found through PYTHONPATH.
+        cmd += ["--plugin-cmd", f"env PYTHONPATH={ROOT} {sys.executable} -m {plugin}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    results = out / "results.json"
+    data = json.loads(results.read_text()) if results.exists() else {}
+    return proc.returncode, data, proc.stdout + proc.stderr
+
+
+def statuses(data: dict[str, Any]) -> dict[str, str]:
+    return {c["id"]: c["status"] for c in data["checks"]}
+
+
+def test_every_check_passes_against_our_plugin(tmp_path: Path) -> None:
+    code, data, output = hvconform(tmp_path, "-n", "2")
+    assert code == 0, output[-3000:]
+    validate_results(data)
+    assert statuses(data) == dict.fromkeys(EVERY_CHECK, "passed"), output[-3000:]
+    by_id = {c["id"]: c for c in data["checks"]}
+    for check in ("cdi-missing", "cdi-stale", "cdi-malformed"):
+        assert by_id[check]["metrics"]["recovery_s"] > 0
+    assert by_id["atomic-replacement"]["metrics"]["read_errors"] == 0
+    assert by_id["atomic-replacement"]["metrics"]["torn_reads"] == 0
+    assert by_id["atomic-replacement"]["metrics"]["reads"] > 1000
+    assert by_id["restart-kubelet"]["metrics"]["reregistration_crash_s"] > 0
+    assert by_id["cleanup"]["metrics"]["survivors"] == 0
+    assert data["environment"]["kernel"] and data["environment"]["source_commit"]
+    print("suite wall time with -n 2:", data["run"]["duration_s"], "s")
+
+
+# Each mutant breaks one behaviour; each row runs one check against it (a broken plugin leaves
+# its node broken, so checks run one per run to keep every verdict about its own behaviour).
+MUTATIONS = [
+    ("tests.mutants.no_cdi_repair", "cdi-missing", "failed"),
+    ("tests.mutants.no_cdi_repair", "cdi-stale", "failed"),
+    ("tests.mutants.no_cdi_repair", "cdi-malformed", "failed"),
+    ("tests.mutants.no_cdi_repair", "identity-missing", "passed"),
+    ("tests.mutants.never_unhealthy", "identity-missing", "failed"),
+    ("tests.mutants.never_unhealthy", "cdi-non-regular", "failed"),
+    ("tests.mutants.never_unhealthy", "cdi-missing", "passed"),
+    ("tests.mutants.no_reregistration", "restart-kubelet", "failed"),
+    ("tests.mutants.no_reregistration", "registration-failure", "failed"),
+    ("tests.mutants.no_reregistration", "restart-plugin", "passed"),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutant", "check", "expected"),
+    MUTATIONS,
+    ids=[f"{m.rsplit('.', 1)[1]}-{c}" for m, c, _ in MUTATIONS],
+)
+def test_mutant_is_caught_by_exactly_its_checks(
+    tmp_path: Path, mutant: str, check: str, expected: str
+) -> None:
+    code, data, output = hvconform(
+        tmp_path, "--recovery-timeout", "8", "--", "-k", check, plugin=mutant
+    )
+    got = statuses(data)
+    assert got[check] == expected, output[-3000:]
+    assert got["cleanup"] == "passed", "a failing plugin must not make the harness leak"
+    assert code == (1 if expected == "failed" else 0)
+
+
+def test_selection_matching_nothing_exits_5(tmp_path: Path) -> None:
+    code, _, output = hvconform(tmp_path, "-m", "cdi and guest")
+    assert code == 5, output
+    assert "no checks selected" in output
+
+
+def test_unknown_marker_is_a_usage_error(tmp_path: Path) -> None:
+    code, _, output = hvconform(tmp_path, "-m", "cdi or no_such_marker")
+    assert code == 2, output
+    assert "no_such_marker" in output and "identity" in output
