@@ -73,7 +73,8 @@ class Registrar:
             self._watcher.rewatch()
 
     async def _serve(self) -> None:
-        await self._stop_server()
+        # Streams on the old server belong to a kubelet that is gone: no grace for them.
+        await self._stop_server(grace=0.0)
         name = f"{self._cfg.socket_prefix}-{secrets.token_hex(4)}.sock"
         path = self._cfg.device_plugin_dir / name
         server = grpc.aio.server()
@@ -84,9 +85,9 @@ class Registrar:
         self._server, self._socket, self._socket_inode = server, path, _inode(path)
         log("serving", socket=str(path))
 
-    async def _stop_server(self) -> None:
+    async def _stop_server(self, grace: float = 0.5) -> None:
         if self._server is not None:
-            await self._server.stop(grace=0.5)
+            await self._server.stop(grace=grace)
             self._server = None
         if self._socket is not None:
             # grpcio removes its own socket on stop; this covers a server that never started.
@@ -98,7 +99,10 @@ class Registrar:
     async def _register_once(self) -> None:
         assert self._socket is not None
         target = f"unix:{self._cfg.device_plugin_dir / KUBELET_SOCKET}"
-        async with grpc.aio.insecure_channel(target) as channel:
+        # A private subchannel per attempt: the global pool would hand back a subchannel still
+        # in reconnect backoff from the failed attempt and fail fast for up to a second.
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        async with grpc.aio.insecure_channel(target, options=options) as channel:
             stub = pb_grpc.RegistrationStub(channel)
             await stub.Register(
                 pb.RegisterRequest(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -145,9 +146,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             metrics.ALLOCATIONS.labels(result="invalid_argument").inc()
             warn("allocate_refused", code="INVALID_ARGUMENT", reason=invalid)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid)
-        # Re-verify on every allocation: repair the spec first, then prove the device usable.
-        await self._monitor.check_cdi()
-        await self._monitor.check_device()
+        # Re-verify on every allocation: repair the spec and prove the device usable, at once
+        # (independent; concurrent Allocates share both in-flight checks).
+        await asyncio.gather(self._monitor.check_cdi(), self._monitor.check_device())
         reasons = self._health.readiness_reasons()
         if reasons:
             message = "not ready: " + "; ".join(reasons)
