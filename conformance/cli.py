@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from conformance.scenarios import CATALOGUE, CLEANUP
@@ -29,6 +29,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "  hvconform run --plugin-cmd 'python -m my_plugin --flag'\n",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    for register in _subcommands():
+        register(sub)
     run = sub.add_parser(
         "run",
         help="run the suite; exit 1 when any check failed",
@@ -62,7 +64,17 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--reports-root", default="reports", help="where reports/<run-id> live")
     run.add_argument("pytest_args", nargs="*", help="extra pytest arguments after --")
+    run.set_defaults(func=cmd_run)
     return parser
+
+
+Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+
+def _subcommands() -> list[Register]:
+    """Each further subcommand lives in its own module and adds itself (func = its runner)."""
+    registers: list[Register] = []
+    return registers
 
 
 def _unknown_markers(markexpr: str) -> list[str]:
@@ -148,9 +160,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = _build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if ns.command == "run":
-        return cmd_run(ns)
-    raise AssertionError(ns.command)
+    code: int = ns.func(ns)
+    return code
 
 
 if __name__ == "__main__":
