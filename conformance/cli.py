@@ -73,7 +73,9 @@ Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], Non
 
 def _subcommands() -> list[Register]:
     """Each further subcommand lives in its own module and adds itself (func = its runner)."""
-    registers: list[Register] = []
+    from conformance.manifests.cli import register as manifests_register
+
+    registers: list[Register] = [manifests_register]
     return registers
 
 
