@@ -74,8 +74,9 @@ Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], Non
 def _subcommands() -> list[Register]:
     """Each further subcommand lives in its own module and adds itself (func = its runner)."""
     from conformance.manifests.cli import register as manifests_register
+    from conformance.metadata_cli import register as metadata_register
 
-    registers: list[Register] = [manifests_register]
+    registers: list[Register] = [manifests_register, metadata_register]
     return registers
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from conformance import environment
 from conformance.ledger import read_entries, survivors
+from conformance.metadata_twophase import TwoPhase
 from conformance.node import Node
 from conformance.results import (
     CheckRecord,
@@ -75,13 +76,24 @@ def node(request: pytest.FixtureRequest) -> Iterator[Node]:
     from conformance.targets.registry import open_target
 
     config = request.config
-    with open_target(
-        config.getoption("--target"),
-        out_dir=run_dir(),
-        worker=worker_id(config),
-        plugin_cmd=config.getoption("--plugin-cmd"),
-    ) as target_node:
-        yield target_node
+    # The two-phase host device check wraps the node's whole life: snapshot before it exists,
+    # startup verdict once it is up, final verdict after it is gone.
+    two_phase = TwoPhase("/dev/kvm")
+    two_phase.snapshot_original()
+    try:
+        with open_target(
+            config.getoption("--target"),
+            out_dir=run_dir(),
+            worker=worker_id(config),
+            plugin_cmd=config.getoption("--plugin-cmd"),
+        ) as target_node:
+            two_phase.check_startup(None)  # a local node has no udev: unchanged is the rule
+            yield target_node
+    finally:
+        two_phase.check_final()
+        out = run_dir() / "metadata"
+        out.mkdir(exist_ok=True)
+        (out / f"{worker_id(config)}.json").write_text(json.dumps(two_phase.summary(), indent=2))
 
 
 @pytest.fixture
@@ -193,6 +205,26 @@ def _cleanup_record(out: Path) -> dict[str, Any]:
     return record.to_json()
 
 
+def _metadata_record(out: Path) -> dict[str, Any] | None:
+    summaries = sorted((out / "metadata").glob("*.json"))
+    if not summaries:
+        return None
+    record = CheckRecord("metadata-two-phase", "metadata", "Host device metadata, two phases")
+    failures = []
+    for path in summaries:
+        summary = json.loads(path.read_text())
+        record.evidence.append(f"metadata/{path.name}")
+        for phase in ("startup", "final"):
+            verdict = summary[phase]["verdict"] or {"status": "error", "message": "not run"}
+            record.notes.append(f"{path.stem} {phase}: {verdict['message']}")
+            if verdict["status"] != "accepted":
+                failures.append(f"{path.stem} {phase}: {verdict['message']}")
+    record.metrics = {"nodes": len(summaries)}
+    if failures:
+        record.status, record.reason = Status.FAILED.value, "; ".join(failures)
+    return record.to_json()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if hasattr(config, "workerinput") or _RUN not in config.stash:
@@ -202,7 +234,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     records = run["records"]
     if records:
         records[CLEANUP.id] = _cleanup_record(out)
-    order = [c.id for c in (*CATALOGUE, CLEANUP)]
+        metadata = _metadata_record(out)
+        if metadata is not None:
+            records[metadata["id"]] = metadata
+    order = [c.id for c in CATALOGUE] + ["metadata-two-phase", CLEANUP.id]
     checks = [
         CheckRecord(**{**r, "timeline": [TimelineEvent(**t) for t in r.get("timeline", [])]})
         for r in sorted(records.values(), key=lambda r: order.index(r["id"]))

@@ -14,7 +14,7 @@ from conformance.results import validate_results
 from conformance.scenarios import CATALOGUE
 
 ROOT = Path(__file__).resolve().parents[2]
-EVERY_CHECK = [c.id for c in CATALOGUE] + ["cleanup"]
+EVERY_CHECK = [c.id for c in CATALOGUE] + ["metadata-two-phase", "cleanup"]
 
 
 def hvconform(tmp_path: Path, *args: str, plugin: str = "") -> tuple[int, dict[str, Any], str]:
@@ -56,6 +56,8 @@ def test_every_check_passes_against_our_plugin(tmp_path: Path) -> None:
     assert by_id["atomic-replacement"]["metrics"]["reads"] > 1000
     assert by_id["restart-kubelet"]["metrics"]["reregistration_crash_s"] > 0
     assert by_id["cleanup"]["metrics"]["survivors"] == 0
+    assert by_id["metadata-two-phase"]["metrics"]["nodes"] == 2  # one node per worker
+    assert all("accepted" in n for n in by_id["metadata-two-phase"]["notes"])
     assert data["environment"]["kernel"] and data["environment"]["source_commit"]
     print("suite wall time with -n 2:", data["run"]["duration_s"], "s")
 
