@@ -75,8 +75,9 @@ def _subcommands() -> list[Register]:
     """Each further subcommand lives in its own module and adds itself (func = its runner)."""
     from conformance.manifests.cli import register as manifests_register
     from conformance.metadata_cli import register as metadata_register
+    from conformance.report.cli import register as report_register
 
-    registers: list[Register] = [manifests_register, metadata_register]
+    registers: list[Register] = [manifests_register, metadata_register, report_register]
     return registers
 
 
@@ -92,6 +93,19 @@ def _link_latest(root: Path, out: Path) -> None:
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(os.path.relpath(out, root))
     tmp.replace(latest)
+
+
+def _render_reports(results: Path, out: Path, *, partial: bool) -> None:
+    """Reports are written for every run, failed or interrupted ones included."""
+    from conformance.report import ReportError, append_step_summary, render_all
+
+    try:
+        paths = render_all(results, out, partial=partial)
+    except ReportError as exc:
+        print(f"hvconform: could not render reports: {exc}", file=sys.stderr)
+        return
+    append_step_summary(paths["markdown"])
+    print(f"hvconform: report at {paths['markdown']} and {paths['html']}")
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -154,6 +168,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if ns.out == "" or out.parent == root:
         _link_latest(root, out)
     data = json.loads(results.read_text())
+    _render_reports(results, out, partial=bool(data["run"].get("partial")))
     counts = data["run"].get("counts", {})
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
     print(f"hvconform: {summary}; results.json at {results}")

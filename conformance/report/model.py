@@ -1,0 +1,364 @@
+"""The report's view of a results.json: every sentence and row the templates show, computed once.
+
+Markdown, HTML and JUnit all read this model, so the three can never disagree about a verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance.report import words
+
+NOT_RUN = "not_run"
+NOT_RUN_REASON = "the run stopped before this check"
+# Order in which checks that did not pass are listed under scope limits: the gravest first.
+_GRAVITY = ("failed", "environment_blocked", "not_applicable", "skipped", NOT_RUN)
+
+# Timeline event kinds, in the order a fault check walks through them. Writers may set `kind`
+# on an event; otherwise it is inferred from the event's name (the scenarios' wording).
+KINDS = ("fault", "detected", "repaired", "ready", "guest", "info")
+_KIND_WORDS = (
+    ("guest", ("fresh guest passed",)),
+    ("ready", ("ready (",)),
+    (
+        "repaired",
+        ("byte-exact", "restored", "writable again", "obstruction removed", "re-registered"),
+    ),
+    ("detected", ("not ready", "unready", "allocatable 0", "readiness false", "refused")),
+    ("fault", ("injected", "placed", "removed", "mapped at", "replaced", "read-only", "restart")),
+)
+
+
+@dataclass(frozen=True)
+class Event:
+    name: str
+    t_s: float
+    kind: str
+
+
+@dataclass(frozen=True)
+class Evidence:
+    name: str  # as recorded in results.json
+    href: str  # relative to the report's directory
+    present: bool
+
+
+@dataclass
+class CheckView:
+    id: str
+    marker: str
+    title: str
+    status: str
+    reason: str
+    duration_s: float
+    metrics: dict[str, words.Metric]
+    notes: list[str]
+    timeline: list[Event]
+    evidence: list[Evidence]
+    phrases: list[str] = field(default_factory=list)
+
+    @property
+    def status_word(self) -> str:
+        return words.STATUS_WORDS.get(self.status, self.status)
+
+    @property
+    def result(self) -> str:
+        return words.sentence(self.status, self.reason, self.phrases)
+
+    @property
+    def detail(self) -> str:
+        return words.detail(self.status, self.reason, self.phrases)
+
+    @property
+    def reason_words(self) -> str:
+        return words.reason_in_words(self.reason)
+
+    @property
+    def wait(self) -> tuple[str, str, str] | None:
+        return words.wait_expired(self.reason)
+
+    @property
+    def failure_kind(self) -> str:
+        """'wait' (a deadline expired), 'assertion', or 'error' (the check itself broke)."""
+        if self.wait:
+            return "wait"
+        cls = words.split_exception(self.reason)[0]
+        return "assertion" if cls in ("", "AssertionError") else "error"
+
+    @property
+    def label(self) -> str:
+        """The check's title, unless only its id is known (a planned check that never ran)."""
+        return "" if self.title == self.id else self.title
+
+    @property
+    def is_fault(self) -> bool:
+        return len(self.timeline) > 1
+
+    def metric_rows(self) -> list[tuple[str, str, str]]:
+        """(name, raw value, value in words) for the full metrics table."""
+        return [(k, str(v), words.value(k, v)) for k, v in self.metrics.items()]
+
+
+@dataclass
+class ReportView:
+    run: dict[str, Any]
+    environment: list[tuple[str, str]]
+    checks: list[CheckView]
+    scope_limits: list[str]
+    cleanup: str
+    partial: bool
+    logs: list[Evidence]
+    results_href: str = "results.json"
+
+    @property
+    def target(self) -> str:
+        return str(self.run.get("target", "unknown"))
+
+    @property
+    def date(self) -> str:
+        return str(self.run.get("started_at", ""))[:10]
+
+    @property
+    def title(self) -> str:
+        return f"hvconform validation: {self.target} target, {self.date}"
+
+    @property
+    def failed(self) -> list[CheckView]:
+        return [c for c in self.checks if c.status == "failed"]
+
+    @property
+    def fault_checks(self) -> list[CheckView]:
+        return [c for c in self.checks if c.is_fault]
+
+    @property
+    def verdict(self) -> str:
+        return verdict(
+            {"run": self.run, "checks": [{"id": c.id, "status": c.status} for c in self.checks]},
+            partial=self.partial,
+        )
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict as a reader needs it: a pass never hides the checks it did not verify."""
+        unverified = sum(1 for c in self.checks if c.status not in ("passed", "failed"))
+        if self.verdict != "PASSED" or not unverified:
+            return self.verdict
+        return f"PASSED; {words.plural(unverified, 'check', 'checks')} not verified"
+
+    @property
+    def counts(self) -> list[tuple[str, int]]:
+        found = Counter(c.status for c in self.checks)
+        return [(words.STATUS_WORDS.get(s, s), found[s]) for s in ("passed", *_GRAVITY) if found[s]]
+
+    @property
+    def summary(self) -> str:
+        total = len(self.checks)
+        parts = ", ".join(f"{n} {w.lower()}" for w, n in self.counts)
+        return f"{total} checks: {parts}." if total else "No checks have results."
+
+
+def verdict(data: dict[str, Any], *, partial: bool = False) -> str:
+    """FAILED beats INCOMPLETE beats PASSED: a partial run verifies only what it reached."""
+    statuses = {str(c.get("status")) for c in data.get("checks", [])}
+    if "failed" in statuses:
+        return "FAILED"
+    run = data.get("run", {})
+    ran = {str(c.get("id")) for c in data.get("checks", [])}
+    if partial or run.get("partial") or NOT_RUN in statuses or set(run.get("planned", [])) - ran:
+        return "INCOMPLETE"
+    return "PASSED"
+
+
+def infer_kind(name: str) -> str:
+    lowered = name.lower()
+    for kind, needles in _KIND_WORDS:
+        if any(n in lowered for n in needles):
+            return kind
+    return "info"
+
+
+def _timeline(raw: list[dict[str, Any]]) -> list[Event]:
+    events = [
+        Event(str(e["name"]), float(e["t_s"]), str(e.get("kind") or infer_kind(str(e["name"]))))
+        for e in raw
+    ]
+    return sorted(events, key=lambda e: e.t_s)  # stable: equal times keep the recorded order
+
+
+def _evidence(names: list[str], run_dir: Path, out_dir: Path) -> list[Evidence]:
+    found = []
+    for name in names:
+        # Recorder.evidence stores names relative to <run>/evidence; a path with a slash is
+        # taken relative to the run directory itself.
+        path = run_dir / name if "/" in name else run_dir / "evidence" / name
+        href = Path(os.path.relpath(path, out_dir)).as_posix()
+        found.append(Evidence(name, href, path.is_file()))
+    return found
+
+
+def _check(raw: dict[str, Any], run_dir: Path, out_dir: Path) -> CheckView:
+    view = CheckView(
+        id=str(raw["id"]),
+        marker=str(raw["marker"]),
+        title=str(raw["title"]),
+        status=str(raw["status"]),
+        reason=str(raw.get("reason", "")),
+        duration_s=float(raw.get("duration_s", 0.0)),
+        metrics=dict(raw.get("metrics", {})),
+        notes=[str(n) for n in raw.get("notes", [])],
+        timeline=_timeline(list(raw.get("timeline", []))),
+        evidence=_evidence([str(e) for e in raw.get("evidence", [])], run_dir, out_dir),
+    )
+    view.phrases = words.figures(view.metrics, [e.name for e in view.timeline])
+    return view
+
+
+def _not_run(check_id: str, reason: str) -> CheckView:
+    return CheckView(check_id, "", check_id, NOT_RUN, reason, 0.0, {}, [], [], [])
+
+
+def _device(path: str, info: Any) -> str:
+    if not isinstance(info, dict) or not info.get("present"):
+        error = info.get("error", "") if isinstance(info, dict) else ""
+        return f"{path} absent" + (f" ({error})" if error else "")
+    return (
+        f"{path} character device {info.get('major')}:{info.get('minor')}, "
+        f"mode {info.get('mode')}, uid {info.get('uid')}, gid {info.get('gid')}"
+    )
+
+
+def environment_rows(env: dict[str, Any], run: dict[str, Any]) -> list[tuple[str, str]]:
+    """Label and value for every environment fact present; unknown scalar keys are kept too."""
+    rows: list[tuple[str, str]] = []
+    used = {"kernel", "machine", "distribution", "python", "plugin_version", "source_commit"}
+    rows.append(("Kernel", f"{env.get('kernel', 'unknown')} ({env.get('machine', '?')})"))
+    rows.append(("Distribution", str(env.get("distribution", "unknown"))))
+    rows.append(("Python", str(env.get("python", "unknown"))))
+    plugin = f"version {env.get('plugin_version', 'unknown')}"
+    plugin += f", source commit {env.get('source_commit', 'unknown')}"
+    rows.append(("Plugin", plugin))
+    if run.get("plugin_cmd"):
+        rows.append(("Plugin command", str(run["plugin_cmd"])))
+    if "cpu_count" in env or "memory_gib" in env:
+        used.update({"cpu_count", "memory_gib"})
+        rows.append(("Machine size", f"{env.get('cpu_count')} CPUs, {env.get('memory_gib')} GiB"))
+    if isinstance(env.get("devices"), dict):
+        used.add("devices")
+        rows.append(
+            ("Hypervisor devices", "; ".join(_device(p, i) for p, i in env["devices"].items()))
+        )
+    runtime = env.get("runtime")
+    if isinstance(runtime, dict):
+        used.add("runtime")
+        rows.append(("Container runtime", " ".join(str(v) for v in runtime.values() if v)))
+    if isinstance(env.get("images"), list):
+        used.add("images")
+        for image in env["images"]:
+            ref = f"{image.get('name', '?')}@{image.get('digest', '?')}"
+            rows.append(("Image", ref + (f" ({image['ref']})" if image.get("ref") else "")))
+    node = env.get("node")
+    if isinstance(node, dict):
+        used.add("node")
+        labels = {
+            "name": "Node",
+            "sku": "Node SKU",
+            "os_image": "Node OS image",
+            "kubernetes_version": "Kubernetes",
+            "containerd_version": "containerd",
+        }
+        rows += [
+            (labels.get(str(k), str(k)), str(v)) for k, v in node.items() if v not in ("", None)
+        ]
+    for key in sorted(set(env) - used):
+        if isinstance(env[key], str | int | float) and key != "hostname":
+            rows.append((key.replace("_", " ").capitalize(), str(env[key])))
+    if env.get("hostname"):
+        rows.append(("Host name", str(env["hostname"])))
+    return rows
+
+
+def _scope_limits(view: ReportView, env: dict[str, Any]) -> list[str]:
+    limits = []
+    for status in _GRAVITY[:-1]:
+        for c in (c for c in view.checks if c.status == status):
+            limits.append(f"`{c.id}` ({c.title}): {c.status_word.lower()}: {c.reason_words}")
+    not_run = [f"`{c.id}`" for c in view.checks if c.status == NOT_RUN]
+    if not_run:
+        why = str(view.run.get("interruption") or "The run stopped early.").rstrip(".")
+        limits.append(f"Not run ({len(not_run)} checks): {why}: {', '.join(not_run)}.")
+    markexpr = str(view.run.get("markexpr") or "")
+    if markexpr:
+        limits.append(f"Only checks matching `-m {markexpr}` were selected; others were not run.")
+    devices: dict[str, Any] = env["devices"] if isinstance(env.get("devices"), dict) else {}
+    for path, name in (("/dev/kvm", "KVM"), ("/dev/mshv", "MSHV")):
+        info = devices.get(path)
+        if isinstance(info, dict) and not info.get("present"):
+            limits.append(f"No {name} validation: {path} is absent on this host.")
+    limits += [str(s) for s in view.run.get("scope_limits", [])]
+    return limits
+
+
+_NOUNS = {"netns": ("network namespace", "network namespaces"), "process": ("process", "processes")}
+
+
+def _plural(n: int, kind: str) -> str:
+    one, many = _NOUNS.get(kind, (kind, kind + "s"))
+    return f"{n} {one if n == 1 else many}"
+
+
+def _cleanup(view: ReportView, ledger_kinds: Counter[str]) -> str:
+    record = next((c for c in view.checks if c.marker == "cleanup"), None)
+    if record is None:
+        return "Cleanup was not verified: the results hold no cleanup record."
+    entries = record.metrics.get("ledger_entries", "?")
+    left = record.metrics.get("survivors", "?")
+    kinds = ", ".join(_plural(n, k) for k, n in sorted(ledger_kinds.items()))
+    text = words.plural(entries, "ledger entry", "ledger entries") + (
+        f" ({kinds})" if kinds else ""
+    )
+    survivors = words.plural(left, "survivor", "survivors")
+    if record.status == "passed":
+        return f"{text}; {survivors}: everything the run created is gone."
+    if record.status == "failed":
+        return f"{text}; {survivors}. {record.reason[:1].upper()}{record.reason[1:]}."
+    return f"Cleanup {record.status_word.lower()}: {record.reason}."
+
+
+def _ledger_kinds(run_dir: Path) -> Counter[str]:
+    """What the run created, by kind, from the ledger files next to results.json (if any)."""
+    kinds: Counter[str] = Counter()
+    for path in sorted((run_dir / "ledger").glob("*.jsonl")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # a worker killed mid-write leaves a torn last line
+            if isinstance(entry, dict) and entry.get("op") == "created":
+                kinds[str(entry.get("kind", "?"))] += 1
+    return kinds
+
+
+def build(
+    data: dict[str, Any], run_dir: Path, out_dir: Path, *, partial: bool = False
+) -> ReportView:
+    """The view of one results document whose files live in run_dir, for a report in out_dir."""
+    run = dict(data["run"])
+    env = dict(data.get("environment", {}))
+    checks = [_check(raw, run_dir, out_dir) for raw in data["checks"]]
+    partial = partial or bool(run.get("partial"))
+    seen = {c.id for c in checks}
+    checks += [_not_run(i, NOT_RUN_REASON) for i in run.get("planned", []) if i not in seen]
+    logs = [
+        Evidence(p.name, Path(os.path.relpath(p, out_dir)).as_posix(), True)
+        for p in sorted(run_dir.glob("plugin-*.log"))
+    ]
+    results_href = Path(os.path.relpath(run_dir / "results.json", out_dir)).as_posix()
+    view = ReportView(run, environment_rows(env, run), checks, [], "", partial, logs, results_href)
+    view.scope_limits = _scope_limits(view, env)
+    view.cleanup = _cleanup(view, _ledger_kinds(run_dir))
+    return view

@@ -1,0 +1,209 @@
+"""Measured figures in words: durations, counts and one sentence per check.
+
+The wording is driven by metric names, not check ids, so a new check that records `recovery_s`
+or `reads` reads well without touching this module; unknown metrics are still shown, formatted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+Metric = float | int | str
+
+_WAIT = re.compile(
+    r"^wait '(?P<what>.+)' expired after (?P<after>[0-9.]+)s \(last: (?P<last>.*)\)$"
+)
+# pytest reports a failure as "module.ExceptionName: message"; the class tells its kind.
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<cls>[A-Z]\w*(?:Error|Exception|Expired)): ")
+
+
+def split_exception(reason: str) -> tuple[str, str]:
+    """("WaitExpired", "wait '...' expired ...") from "conformance.results.WaitExpired: wait ..."."""
+    text = reason.strip()
+    match = _EXCEPTION.match(text)
+    return (match["cls"], text[match.end() :]) if match else ("", text)
+
+
+def duration(seconds: float) -> str:
+    """0.0031 -> '3.1 ms', 0.014 -> '14 ms', 0.21 -> '0.21 s', 22.34 -> '22.3 s', 65 -> '1 min 5 s'."""
+    if seconds < 0.001:
+        return f"{seconds * 1e6:.0f} µs"
+    if seconds < 0.0995:
+        ms = seconds * 1000
+        return f"{ms:.1f} ms" if ms < 9.95 else f"{ms:.0f} ms"
+    if seconds < 9.995:
+        return f"{seconds:.2f} s"
+    if seconds < 59.95:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+
+
+def count(value: Metric) -> str:
+    """Integers with thousands separators (40,383); anything else as given."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:,}"
+
+
+def value(name: str, raw: Metric) -> str:
+    """One metric value in words: seconds for *_s names, shares as percent, counts otherwise."""
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        if name.endswith("_s"):
+            return duration(float(raw))
+        if name.endswith("_share"):
+            return f"{raw * 100:.1f} %"
+    return count(raw)
+
+
+def wait_expired(reason: str) -> tuple[str, str, str] | None:
+    """(what was awaited, deadline, last value) when reason is a WaitExpired message, else None."""
+    match = _WAIT.match(split_exception(reason)[1])
+    if match is None:
+        return None
+    return match["what"], f"{float(match['after']):g} s", match["last"]
+
+
+def reason_in_words(reason: str) -> str:
+    """A failure reason that names the wait that expired, or the assertion as it was raised."""
+    wait = wait_expired(reason)
+    if wait is None:
+        cls, message = split_exception(reason)
+        # An assertion's class adds nothing; any other class means the check itself broke.
+        return message if cls in ("", "AssertionError") else f"{cls}: {message}"
+    what, after, last = wait
+    return f'wait "{what}" expired after {after}; last value seen: {last}'
+
+
+def _seconds(metrics: Mapping[str, Metric], name: str) -> float | None:
+    raw = metrics.get(name)
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        return float(raw)
+    return None
+
+
+def _timing_phrases(metrics: Mapping[str, Metric], used: set[str]) -> list[str]:
+    """Detection, recovery and re-registration times in the order a reader follows a fault."""
+    phrases: list[str] = []
+    templates = (
+        ("detected_s", "detected in {}"),
+        ("refused_s", "allocation refused {} after the fault"),
+        ("recovery_s", "recovered in {}"),
+        ("ready_again_s", "ready again {} after the fault"),
+        ("reregistration_graceful_s", "re-registered in {} after a graceful restart"),
+        ("reregistration_crash_s", "re-registered in {} after a crash restart"),
+    )
+    for name, template in templates:
+        seconds = _seconds(metrics, name)
+        if seconds is not None:
+            phrases.append(template.format(duration(seconds)))
+            used.add(name)
+    seconds = _seconds(metrics, "reregistration_s")
+    if seconds is not None:
+        used.add("reregistration_s")
+        # The overall figure repeats the graceful/crash ones when those are present.
+        if not {"reregistration_graceful_s", "reregistration_crash_s"} & used:
+            phrases.append(f"re-registered in {duration(seconds)}")
+    return phrases
+
+
+def _storm_phrases(metrics: Mapping[str, Metric], used: set[str]) -> list[str]:
+    phrases: list[str] = []
+    if "reads" in metrics:
+        torn = metrics.get("torn_reads", "?")
+        errors = metrics.get("read_errors", "?")
+        phrases.append(
+            f"{count(metrics['reads'])} reads, {count(torn)} torn, {count(errors)} errors"
+        )
+        used.update({"reads", "torn_reads", "read_errors"})
+    first = _seconds(metrics, "first_repair_s")
+    if first is not None:
+        text = f"allocation-triggered repair seen in {duration(first)}"
+        cycles = metrics.get("cycles")
+        worst = _seconds(metrics, "first_repair_max_s")
+        if cycles is not None:
+            text += f" (median of {count(cycles)} cycles"
+            text += f", slowest {duration(worst)})" if worst is not None else ")"
+            used.update({"cycles", "first_repair_max_s"})
+        phrases.append(text)
+        used.add("first_repair_s")
+    return phrases
+
+
+def plural(n: Metric, one: str, many: str) -> str:
+    """'1 survivor', '0 survivors', '40,383 reads'."""
+    return f"{count(n)} {one if n == 1 else many}"
+
+
+def _state_phrases(metrics: Mapping[str, Metric], used: set[str]) -> list[str]:
+    nouns = (
+        ("runs", "guest run passed", "guest runs passed"),
+        ("sentinels", "sentinel file unchanged", "sentinel files unchanged"),
+        ("ledger_entries", "ledger entry", "ledger entries"),
+        ("survivors", "survivor", "survivors"),
+        ("nodes", "node checked", "nodes checked"),
+    )
+    states = (
+        ("guest_counter", "the running guest kept counting (reached {})"),
+        ("session_guest_counter", "the session guest kept its state (counter {})"),
+    )
+    phrases = [template.format(count(metrics[k])) for k, template in states if k in metrics]
+    phrases += [plural(metrics[k], one, many) for k, one, many in nouns if k in metrics]
+    used.update(k for k, _ in states)
+    used.update(k for k, _, _ in nouns)
+    share = metrics.get("retry_cpu_share")
+    if isinstance(share, int | float):
+        phrases.append(f"registration retries used {share * 100:.1f} % of a CPU")
+        used.add("retry_cpu_share")
+    return phrases
+
+
+# Figures that add nothing to a one-line verdict; they stay in the HTML's full metrics table.
+_QUIET = frozenset({"allocate_answered_s", "cdi_device"})
+
+
+def figures(metrics: Mapping[str, Metric], timeline: Sequence[str] = ()) -> list[str]:
+    """Every measured figure of a check as short phrases, the known ones first."""
+    used: set[str] = set()
+    phrases = _timing_phrases(metrics, used) + _storm_phrases(metrics, used)
+    phrases += _state_phrases(metrics, used)
+    fresh = sum(1 for name in timeline if name.startswith("fresh guest passed"))
+    if fresh == 1:
+        phrases.append("a fresh guest passed afterwards")
+    elif fresh > 1:
+        phrases.append(f"a fresh guest passed after each of {fresh} faults")
+    for name in sorted(set(metrics) - used - _QUIET):
+        phrases.append(f"{name.replace('_', ' ')}: {value(name, metrics[name])}")
+    return phrases
+
+
+STATUS_WORDS = {
+    "passed": "Passed",
+    "failed": "FAILED",
+    "skipped": "Skipped",
+    "not_applicable": "Not applicable",
+    "environment_blocked": "Environment blocked",
+    "not_run": "Not run",
+}
+
+
+def detail(status: str, reason: str, phrases: Sequence[str]) -> str:
+    """The Result cell after the status word: the reason (when not passed), then the figures."""
+    parts = []
+    if status != "passed" and reason:
+        parts.append(_capital(reason_in_words(reason)).rstrip(".") + ".")
+    if phrases:
+        parts.append(_capital("; ".join(phrases)) + ".")
+    return " ".join(parts)
+
+
+def sentence(status: str, reason: str, phrases: Sequence[str]) -> str:
+    """The whole Result cell: 'Passed. Recovered in 3.1 ms; ...'."""
+    head = STATUS_WORDS.get(status, status) + "."
+    rest = detail(status, reason, phrases)
+    return f"{head} {rest}" if rest else head
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
