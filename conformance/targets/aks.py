@@ -1,0 +1,365 @@
+"""The AKS target: a temporary, tainted user node pool in an existing cluster.
+
+Everything through the `az` executable and the API with a temporary kubeconfig. Before anything
+costly, a server-side dry run (dryRun=All) of every object: AKS Automatic's Deployment Safeguards
+refuse hostPath volumes and privileged pods, and that is environment_blocked, not a plugin
+failure. Node access is a privileged diagnostic pod (hostPID, nsenter), created and removed by the
+harness. Cleanup always runs and is verified: pool gone, namespaces gone, diagnostic pod gone,
+original node labels and pre-existing pod UIDs and restart counts unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from conformance.node import wait_for
+from conformance.targets.clusterrun import ClusterLifecycle
+from conformance.targets.deploy import manifest_yaml
+from conformance.targets.kube import Obj, resource_path
+from conformance.targets.lifecycle import Action
+from conformance.targets.nodeaccess import CommandFailed, NodeAccess, PodExecAccess, pod_exec_text
+from conformance.targets.plan import ClusterOptions, Step
+from conformance.targets.workloads import (
+    MANAGED,
+    RUN_LABEL,
+    TAINT_KEY,
+    Layout,
+    diagnostic_pod,
+    prepare,
+    workload_pod,
+)
+
+DRY_RUN_NODE = "hvconform-dry-run"  # nodeName of the pods sent only as a dry run
+
+
+class AksLifecycle(ClusterLifecycle):
+    name = "aks"
+    taint = True
+
+    def __init__(
+        self, options: ClusterOptions, objects: list[Obj] | None = None, **kw: Any
+    ) -> None:
+        self.pool = f"hv{options.hypervisor[0]}{options.short_id}"[:12]
+        self.diag_ns = f"hvconform-diag-{options.short_id}"
+        self.diag_name = "hvconform-diag"
+        super().__init__(options, objects, **kw)
+        self.before: dict[str, Any] = {}
+        self._pod_access: PodExecAccess | None = None
+        self._diag_made = False
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def prepare(self, rendered: list[Obj]) -> tuple[list[Obj], Layout]:
+        return prepare(rendered, pin_labels={RUN_LABEL: self.options.short_id}, taint=True)
+
+    def extra_namespaces(self) -> list[Obj]:
+        labels = {**MANAGED, "pod-security.kubernetes.io/enforce": "privileged"}
+        return [
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": self.diag_ns, "labels": labels},
+            }
+        ]
+
+    def extra_dry_run(self) -> list[Obj]:
+        o = self.options
+        return [
+            diagnostic_pod(self.diag_name, self.diag_ns, DRY_RUN_NODE, o.diag_image),
+            workload_pod(
+                "hvconform-guest-dry-run",
+                o.work_namespace,
+                DRY_RUN_NODE,
+                o.guest_image or o.image,
+                o.device,
+                taint=True,
+                guest=o.hypervisor == "kvm",
+            ),
+        ]
+
+    def access(self) -> NodeAccess:
+        if self._pod_access is None:
+            self._pod_access = PodExecAccess(self.api(), self.diag_ns, self.diag_name)
+        return self._pod_access
+
+    def node_cmd(self, argv: list[str]) -> str:
+        return pod_exec_text(self.diag_name, argv)
+
+    # -- the plan -------------------------------------------------------------------------
+
+    def _az(self, *args: str) -> tuple[str, ...]:
+        o = self.options
+        return ("az", "aks", *args, "--resource-group", o.resource_group)
+
+    def steps(self) -> list[Step]:
+        o = self.options
+        shared = self.shared_steps()
+        mshv = o.hypervisor == "mshv"
+        runtime = (
+            ("--os-sku", "AzureLinux", "--workload-runtime", "KataVmIsolation")
+            if mshv
+            else ("--os-sku", "Ubuntu")
+        )
+        labels = (
+            "hyperlight.dev/enabled=true",
+            f"hyperlight.dev/hypervisor={o.hypervisor}",
+            f"{RUN_LABEL}={o.short_id}",
+        )
+        add = (
+            *self._az("nodepool", "add"), "--cluster-name", o.cluster, "--name", self.pool,
+            "--mode", "User", "--node-count", "1", "--node-vm-size", o.vm_size, *runtime,
+            "--node-taints", f"{TAINT_KEY}={o.short_id}:NoSchedule", "--labels", *labels,
+            "--tags", f"hvconform-run={o.short_id}", "--output", "json",
+        )  # fmt: skip
+        pool = ("--cluster-name", o.cluster, "--name", self.pool)
+        diag = diagnostic_pod(self.diag_name, self.diag_ns, "<pool node>", o.diag_image)
+        diag_path = resource_path("v1", "Pod", self.diag_ns, self.diag_name)
+        return [
+            Step(
+                "az-account",
+                "setup",
+                "the az login in use",
+                argv=("az", "account", "show", "--output", "json"),
+            ),
+            Step(
+                "credentials",
+                "setup",
+                "credentials into a temporary kubeconfig (never ~/.kube/config)",
+                argv=(
+                    *self._az("get-credentials"),
+                    "--name",
+                    o.cluster,
+                    "--file",
+                    self.kubeconfig,
+                    "--overwrite-existing",
+                ),
+            ),
+            Step(
+                "snapshot",
+                "setup",
+                "record node labels, pod UIDs and restart counts before anything changes",
+                api=("GET /api/v1/nodes", "GET /api/v1/pods"),
+            ),
+            shared["namespaces"],
+            shared["dry-run"],
+            Step(
+                "nodepool-add",
+                "setup",
+                f"temporary tainted user pool {self.pool} ({o.hypervisor})",
+                argv=add,
+                arms="nodepool-delete",
+            ),
+            Step(
+                "node-wait",
+                "setup",
+                "the pool's node Ready",
+                api=(f"GET /api/v1/nodes?labelSelector=agentpool={self.pool}",),
+            ),
+            Step(
+                "diag-pod",
+                "setup",
+                "privileged diagnostic pod (hostPID, nsenter) on the pool node",
+                api=(
+                    f"POST {resource_path('v1', 'Pod', self.diag_ns)}",
+                    f"GET {diag_path}  (until Running)",
+                ),
+                manifest=manifest_yaml([diag]),
+                arms="diag-delete",
+            ),
+            shared["node-check"],
+            shared["node-prepare"],
+            shared["apply"],
+            shared["rollout"],
+            shared["baseline"],
+            shared["workloads"],
+            shared["node-restore"],
+            Step(
+                "diag-delete",
+                "cleanup",
+                "delete the diagnostic pod, wait until gone",
+                api=(f"DELETE {diag_path}",),
+            ),
+            Step(
+                "nodepool-delete",
+                "cleanup",
+                f"delete pool {self.pool} (waits for completion)",
+                argv=(*self._az("nodepool", "delete"), *pool, "--output", "none"),
+            ),
+            shared["delete-objects"],
+            Step(
+                "verify-pool-gone",
+                "verify",
+                f"pool {self.pool} no longer listed",
+                argv=(
+                    *self._az("nodepool", "list"),
+                    "--cluster-name",
+                    o.cluster,
+                    "--query",
+                    "[].name",
+                    "--output",
+                    "json",
+                ),
+            ),
+            shared["verify-objects"],
+            Step(
+                "verify-diag-gone",
+                "verify",
+                "diagnostic pod answers 404",
+                api=(f"GET {diag_path}",),
+            ),
+            Step(
+                "verify-cluster",
+                "verify",
+                "original node labels, pre-existing pod UIDs and restart counts unchanged",
+                api=("GET /api/v1/nodes", "GET /api/v1/pods"),
+            ),
+            Step("credentials-remove", "verify", f"remove {self.kubeconfig}"),
+        ]
+
+    # -- actions --------------------------------------------------------------------------
+
+    def actions(self) -> dict[str, Action]:
+        return {
+            **super().actions(),
+            "az-account": self._account,
+            "snapshot": lambda s: self.before.update(self._cluster_state()),
+            "node-wait": lambda s: self._wait_node(),
+            "diag-pod": lambda s: self._create_diag(),
+            "diag-delete": lambda s: self._delete_diag(),
+            "nodepool-delete": self._delete_pool,
+            "verify-pool-gone": self._verify_pool,
+            "verify-diag-gone": lambda s: self._verify_diag(),
+            "verify-cluster": lambda s: self._verify_cluster(),
+            "credentials-remove": lambda s: self._remove_credentials(),
+        }
+
+    def _account(self, step: Step) -> None:
+        account = json.loads(self.runner.run(list(step.argv)).stdout or b"{}")
+        self.report.environment["azure_subscription"] = account.get("name", "")
+        self.report.environment["cluster"] = f"{self.options.resource_group}/{self.options.cluster}"
+
+    def _cluster_state(self) -> dict[str, Any]:
+        nodes = {
+            n["metadata"]["name"]: n["metadata"].get("labels", {})
+            for n in self.api().list_objects("v1", "Node")
+        }
+        pods = {
+            p["metadata"]["uid"]: {
+                "pod": f"{p['metadata']['namespace']}/{p['metadata']['name']}",
+                "restarts": sorted(
+                    (c["name"], int(c.get("restartCount", 0)))
+                    for c in p.get("status", {}).get("containerStatuses", [])
+                ),
+            }
+            for p in self.api().list_objects("v1", "Pod")
+        }
+        return {"nodes": nodes, "pods": pods}
+
+    def _wait_node(self) -> None:
+        def ready() -> str | None:
+            for node in self.api().list_objects("v1", "Node", labels=f"agentpool={self.pool}"):
+                conds = node.get("status", {}).get("conditions", [])
+                if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+                    return str(node["metadata"]["name"])
+            return None
+
+        self.node_name = wait_for(
+            ready,
+            self.options.rollout_timeout,
+            f"a Ready node in pool {self.pool}",
+            self.options.poll_interval,
+        )
+        self.report.environment["pool"] = self.pool
+
+    def _create_diag(self) -> None:
+        self._diag_made = True  # before the request: a timed-out create may still have landed
+        self.api().create(
+            diagnostic_pod(self.diag_name, self.diag_ns, self.node_name, self.options.diag_image)
+        )
+
+        def running() -> bool:
+            pod = self.api().get("v1", "Pod", self.diag_name, self.diag_ns) or {}
+            return any(
+                "running" in c.get("state", {})
+                for c in pod.get("status", {}).get("containerStatuses", [])
+            )
+
+        wait_for(
+            running, self.options.pod_timeout, "diagnostic pod running", self.options.poll_interval
+        )
+
+    def _verify_diag(self) -> None:
+        if not self._diag_made:
+            self.report.verify("diagnostic pod gone", True, "never created")
+            return
+        gone = self.api().get("v1", "Pod", self.diag_name, self.diag_ns) is None
+        self.report.verify("diagnostic pod gone", gone, f"{self.diag_ns}/{self.diag_name}")
+
+    def _delete_diag(self) -> None:
+        api = self.api()
+        api.delete("v1", "Pod", self.diag_name, self.diag_ns, grace=0)
+        if not api.wait_gone(
+            "v1",
+            "Pod",
+            self.diag_name,
+            self.diag_ns,
+            self.options.delete_timeout,
+            self.options.poll_interval,
+        ):
+            raise RuntimeError("diagnostic pod still present")
+
+    def _delete_pool(self, step: Step) -> None:
+        try:
+            self.runner.run(list(step.argv), timeout=3600)
+        except CommandFailed as exc:
+            if (
+                "notfound" in exc.stderr.lower().replace(" ", "")
+                or "not found" in exc.stderr.lower()
+            ):
+                self.report.notes.append(f"pool {self.pool} did not exist: nothing to delete")
+                return
+            raise
+
+    def _verify_pool(self, step: Step) -> None:
+        names = json.loads(self.runner.run(list(step.argv)).stdout or b"[]")
+        self.report.verify("node pool deleted", self.pool not in names, f"pools now: {names}")
+
+    def _verify_cluster(self) -> None:
+        if not self.before:
+            # The snapshot precedes every change: without one, this run changed nothing.
+            self.report.verify("cluster state unchanged", True, "run stopped before the snapshot")
+            return
+        after = self._cluster_state()
+        changed = [
+            f"node {n}: labels changed" if n in after["nodes"] else f"node {n}: gone"
+            for n, labels in self.before["nodes"].items()
+            if after["nodes"].get(n) != labels
+        ]
+        self.report.verify(
+            "original node labels unchanged",
+            not changed,
+            "; ".join(changed) or f"{len(self.before['nodes'])} nodes",
+        )
+        moved = [
+            f"{p['pod']}: {'restarted' if uid in after['pods'] else 'gone'}"
+            for uid, p in self.before["pods"].items()
+            if after["pods"].get(uid, {}).get("restarts") != p["restarts"]
+        ]
+        self.report.verify(
+            "pre-existing pods unchanged (UIDs, restart counts)",
+            not moved,
+            "; ".join(moved[:20]) or f"{len(self.before['pods'])} pods",
+        )
+
+    def _remove_credentials(self) -> None:
+        Path(self.kubeconfig).unlink(missing_ok=True)
+        self.report.verify(
+            "temporary kubeconfig removed", not Path(self.kubeconfig).exists(), self.kubeconfig
+        )
+
+
+def aks_steps(options: ClusterOptions, objects: list[Obj] | None = None) -> list[Step]:
+    """The AKS plan; builds the lifecycle without running anything."""
+    return AksLifecycle(options, objects).steps()

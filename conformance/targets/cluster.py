@@ -1,0 +1,347 @@
+"""The cluster node target: the Node protocol over the Kubernetes API plus node access.
+
+Shared by kind and AKS. Three oracles, as in the kubelet's own e2e tests: node status (capacity,
+allocatable), the plugin pod (readiness through the API server's pod proxy, logs), and what the
+runtime and the workload saw (crictl's CDI devices, the guest's output). Node-level faults go
+through a NodeAccess; kubelet times come from the node's own clock (socket mtime, journal), mapped
+onto this process's monotonic clock.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from conformance.node import (
+    CAP_DEVICE_REMAP,
+    CAP_DEVICE_VIEW,
+    CAP_GUEST,
+    CAP_KUBELET_CRASH,
+    CAP_KUBELET_RESTART,
+    CAP_LONG_GUEST,
+    CAP_PLUGIN_RESTART,
+    CAP_READ_ONLY,
+    CAP_SOCKET_REDIRECT,
+    Area,
+    FileInfo,
+    ReadStorm,
+    wait_for,
+)
+from conformance.targets.deploy import Deployer
+from conformance.targets.guests import GuestPods, container_id, running
+from conformance.targets.kube import KubeApi, Obj
+from conformance.targets.nodeaccess import (
+    CDI_DIR,
+    KUBELET_SOCKET,
+    RO_STAGING,
+    NodeAccess,
+    NodeAccessError,
+    NodeFiles,
+)
+from conformance.targets.plan import ClusterOptions
+from conformance.targets.workloads import (
+    RESOURCE,
+    Layout,
+    variant_device_unusable,
+    variant_sockets_empty,
+)
+
+SPEC_NAME = "hyperlight.json"
+SENTINELS = {
+    "zz-unrelated-vendor.json": b'{\n  "cdiVersion": "0.5.0",\n  "kind": "example.com/sentinel",\n'
+    b'  "devices": [{"name": "s0", "containerEdits": {"env": ["SENTINEL=1"]}}]\n}\n',
+    "aa-operator-notes.yaml": b"# owned by the operator, never by the plugin\nkeep: true\n",
+}
+KUBELET_STATE = (
+    'printf "%s %s %s\\n" "$(systemctl show -p MainPID --value kubelet)" '
+    f'"$(stat -c %.9Y {KUBELET_SOCKET} 2>/dev/null || echo 0)" "$(date +%s.%N)"'
+)
+REGISTRATIONS = (
+    'journalctl -u kubelet -o short-unix --no-pager --since "@$1" '
+    '| grep -i "registration request" | grep -F "$2" | tail -n 1'
+)
+CPU = (
+    "pid=$(crictl inspect --output go-template --template '{{.info.pid}}' \"$1\") "
+    '&& cat "/proc/$pid/stat" && getconf CLK_TCK'
+)
+
+
+def to_monotonic(wall: float) -> float:
+    """A node wall-clock time on this process's monotonic clock (kind: same clock; AKS: NTP)."""
+    return wall - (time.time() - time.monotonic())
+
+
+class ClusterNode(GuestPods):
+    """One node of a cluster, with the plugin deployed by the harness."""
+
+    resource = RESOURCE
+    spec_name = SPEC_NAME
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        api: KubeApi,
+        access: NodeAccess,
+        options: ClusterOptions,
+        node_name: str,
+        layout: Layout,
+        plugin_ds: Obj,
+        deployer: Deployer,
+        taint: bool,
+    ) -> None:
+        self.name = name
+        self.api = api
+        self.files = NodeFiles(access)
+        self.access = access
+        self.options = options
+        self.node_name = node_name
+        self.layout = layout
+        self.plugin_ds = plugin_ds
+        self.deployer = deployer
+        self.taint = taint
+        self.baseline_spec = b""
+        self.sentinels = dict(SENTINELS)
+        self.host_metadata_at_start: dict[str, int | str] = {}
+        self.session_guest: str | None = None
+        self._pods: dict[int, Obj] = {}  # id(Allocation) -> workload pod
+        self._serial = 0
+        self._since = int(time.time()) - 5
+        self.capabilities = self._capabilities()
+        self._poll = options.poll_interval
+        self._real = (0, 0)
+
+    def _capabilities(self) -> frozenset[str]:
+        caps = {CAP_KUBELET_RESTART, CAP_KUBELET_CRASH, CAP_PLUGIN_RESTART}
+        kvm = self.options.hypervisor == "kvm"
+        if self.layout.host_view_isolated:
+            caps.add(CAP_DEVICE_REMAP)
+            if kvm:  # the identity scenario names the view's entry "kvm"
+                caps.add(CAP_DEVICE_VIEW)
+        if self.layout.sockets_volume:
+            caps.add(CAP_SOCKET_REDIRECT)
+        if self.layout.cdi_propagates:
+            caps.add(CAP_READ_ONLY)
+        if kvm:  # the guest workload drives KVM ioctls; MSHV nodes get no guest checks
+            caps |= {CAP_GUEST, CAP_LONG_GUEST}
+        return frozenset(caps)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        t = self.options.rollout_timeout
+        wait_for(self.plugin_ready, t, "plugin readiness at node setup", self._poll)
+        wait_for(lambda: self.allocatable() > 0, t, "allocatable > 0 at node setup", self._poll)
+        self.baseline_spec = wait_for(
+            lambda: self.read_file("cdi", SPEC_NAME),
+            t,
+            "the plugin's CDI spec at setup",
+            self._poll,
+        )
+        self.host_metadata_at_start = self.host_device_metadata()
+        for name, data in self.sentinels.items():
+            self.write_file("cdi", name, data)
+        if CAP_LONG_GUEST in self.capabilities:
+            allocation = self.allocate()
+            if allocation.ok:
+                self.session_guest = self.start_long_guest(allocation)
+
+    def teardown(self) -> None:
+        """Workload pods gone and sentinels removed; the lifecycle's cleanup does the rest."""
+        for pod in list(self._pods.values()):
+            self._delete_pod(pod)
+        self._pods.clear()
+        for name in self.sentinels:
+            self.files.remove("cdi", name)
+
+    def environment(self) -> dict[str, Any]:
+        node = self.api.get("v1", "Node", self.node_name) or {}
+        info = node.get("status", {}).get("nodeInfo", {})
+        return {
+            "target": self.name,
+            "contract": self.options.contract,
+            "node": self.node_name,
+            "hypervisor": self.options.hypervisor,
+            "plugin_image": self.options.image,
+            "kubelet": info.get("kubeletVersion", ""),
+            "kernel": info.get("kernelVersion", ""),
+            "os_image": info.get("osImage", ""),
+            "container_runtime": info.get("containerRuntimeVersion", ""),
+        }
+
+    # -- files ----------------------------------------------------------------------------
+
+    def read_file(self, area: Area, name: str) -> bytes | None:
+        return self.files.read_file(area, name)
+
+    def write_file(self, area: Area, name: str, data: bytes) -> None:
+        self.files.write_file(area, name, data)
+
+    def stat(self, area: Area, name: str) -> FileInfo | None:
+        return self.files.stat(area, name)
+
+    def remove(self, area: Area, name: str) -> None:
+        self.files.remove(area, name)
+
+    def make_dir(self, area: Area, name: str) -> None:
+        self.files.make_dir(area, name)
+
+    def remove_dir(self, area: Area, name: str) -> None:
+        self.files.remove_dir(area, name)
+
+    def list_files(self, area: Area) -> list[str]:
+        return self.files.list_files(area)
+
+    def make_char_device(self, area: Area, name: str, major: int, minor: int) -> None:
+        self.files.make_char_device(area, name, major, minor)
+
+    def set_storage_read_only(self, area: Area, read_only: bool) -> None:
+        assert area == "cdi", "only the CDI dir can be made read-only on a cluster node"
+        self.files.sh("ro-on" if read_only else "ro-off", CDI_DIR, RO_STAGING)
+
+    def host_device_metadata(self) -> dict[str, int | str]:
+        return self.files.device_metadata(self.options.device)
+
+    # -- the plugin -----------------------------------------------------------------------
+
+    def plugin_pod(self) -> Obj | None:
+        """The newest plugin pod on this node that is not terminating."""
+        selector = ",".join(f"{k}={v}" for k, v in sorted(self.layout.selector.items()))
+        pods = self.api.list_objects(
+            "v1",
+            "Pod",
+            self.layout.namespace,
+            labels=selector,
+            fields=f"spec.nodeName={self.node_name}",
+        )
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        live.sort(key=lambda p: str(p["metadata"].get("creationTimestamp", "")))
+        return live[-1] if live else None
+
+    def _pod(self) -> Obj:
+        pod = self.plugin_pod()
+        assert pod is not None, f"no plugin pod on node {self.node_name}"
+        return pod
+
+    def _health(self, path: str, condition: str) -> bool:
+        pod = self.plugin_pod()
+        if pod is None or not running(pod, self.layout.container):
+            return False
+        if self.layout.health_port is None:  # no HTTP health endpoint found: the pod condition
+            conds = pod.get("status", {}).get("conditions", [])
+            return any(c["type"] == condition and c["status"] == "True" for c in conds)
+        port = self.layout.health_port
+        return self.api.pod_proxy(self.layout.namespace, pod["metadata"]["name"], port, path) == 200
+
+    def plugin_live(self) -> bool:
+        return self._health("/healthz", "ContainersReady")
+
+    def plugin_ready(self) -> bool:
+        return self._health("/readyz", "Ready")
+
+    def plugin_instance(self) -> str:
+        pod = self._pod()
+        return f"{pod['metadata']['uid']}/{container_id(pod, self.layout.container)}"
+
+    def _wait_new_plugin(self, old_uid: str) -> None:
+        def replaced() -> bool:
+            pod = self.plugin_pod()
+            return bool(
+                pod
+                and pod["metadata"]["uid"] != old_uid
+                and running(pod, self.layout.container)
+                and container_id(pod, self.layout.container)
+            )
+
+        wait_for(replaced, self.options.pod_timeout, "replacement plugin pod running", self._poll)
+
+    def restart_plugin(self) -> None:
+        pod = self._pod()
+        self.api.delete("v1", "Pod", pod["metadata"]["name"], self.layout.namespace)
+        self._wait_new_plugin(pod["metadata"]["uid"])
+
+    def _swap_daemonset(self, ds: Obj) -> None:
+        old = self._pod()["metadata"]["uid"]
+        self.api.replace(ds)
+        self._wait_new_plugin(old)
+
+    def redirect_plugin_sockets(self, empty: bool) -> None:
+        variant = variant_sockets_empty(self.plugin_ds, self.layout)
+        self._swap_daemonset(variant if empty else self.plugin_ds)
+
+    def remap_device_unusable(self, unusable: bool) -> None:
+        device = self.options.hypervisor
+        if unusable:
+            real = self.host_metadata_at_start
+            self.files.replace_char_device("host_dev", device, 1, 3)  # identity made to match
+            self._swap_daemonset(
+                variant_device_unusable(self.plugin_ds, self.layout, f"/dev/{device}")
+            )
+            self._real = (int(real["major"]), int(real["minor"]))
+        else:
+            major, minor = self._real
+            self.files.replace_char_device("host_dev", device, major, minor)
+            self._swap_daemonset(self.plugin_ds)
+
+    def plugin_log_tail(self, lines: int = 50) -> str:
+        pod = self.plugin_pod()
+        if pod is None:
+            return "(no plugin pod)"
+        name = pod["metadata"]["name"]
+        return self.api.pod_log(self.layout.namespace, name, self.layout.container, tail=lines)
+
+    def plugin_cpu_seconds(self) -> float:
+        cid = container_id(self._pod(), self.layout.container)
+        out = self._node(["sh", "-c", CPU, "sh", cid]).split("\n")
+        fields = out[0].rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / int(out[1])
+
+    def _node(self, argv: list[str]) -> str:
+        result = self.access.run(argv)
+        if result.rc != 0:
+            raise NodeAccessError(
+                f"node {self.access.where}: {argv[:3]} exited {result.rc}: "
+                f"{result.stderr.decode(errors='replace').strip()[-300:]}"
+            )
+        return result.stdout.decode()
+
+    # -- the kubelet ----------------------------------------------------------------------
+
+    def _kubelet_state(self) -> tuple[str, float, float]:
+        pid, sock, now = self._node(["sh", "-c", KUBELET_STATE]).split()
+        return pid, float(sock), float(now)
+
+    def restart_kubelet(self, graceful: bool) -> float:
+        """Restart (or SIGKILL, systemd restarts it); back = its new registration socket's mtime."""
+        old_pid, _, issued = self._kubelet_state()
+        cmd = ["systemctl", "restart", "kubelet"]
+        if not graceful:
+            cmd = ["systemctl", "kill", "--signal=SIGKILL", "kubelet"]
+        result = self.access.run(cmd, timeout=120)
+        assert result.rc == 0, f"{' '.join(cmd)} failed: {result.stderr.decode()[-300:]}"
+
+        def back() -> float | None:
+            pid, sock, _ = self._kubelet_state()
+            return sock if pid not in ("0", old_pid) and sock > issued else None
+
+        return to_monotonic(
+            wait_for(back, self.options.pod_timeout, "kubelet back", min(0.2, self._poll))
+        )
+
+    def last_registration_at(self) -> float | None:
+        script = ["sh", "-c", REGISTRATIONS, "sh", str(self._since), RESOURCE]
+        line = self._node(script).strip()
+        return to_monotonic(float(line.split()[0])) if line else None
+
+    def _node_status(self, key: str) -> int:
+        node = self.api.get("v1", "Node", self.node_name) or {}
+        return int(node.get("status", {}).get(key, {}).get(RESOURCE, "0"))
+
+    def capacity(self) -> int:
+        return self._node_status("capacity")
+
+    def allocatable(self) -> int:
+        return self._node_status("allocatable")
+
+    def start_read_storm(self, area: Area, name: str, accepted: list[bytes]) -> ReadStorm:
+        raise NotImplementedError("no read storm on cluster targets (capability not declared)")

@@ -1,0 +1,255 @@
+"""What kind and AKS runs share: rendered objects, node preparation, the node, `open_cluster`.
+
+A lifecycle is built without touching anything (so its steps can print as the dry-run plan),
+then executed by a Runbook whose cleanup always runs. `open_cluster` is what the target registry
+calls: it yields a ready ClusterNode and, however the run ends, leaves a verified cleanup report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import shlex
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from conformance.results import NotApplicable
+from conformance.targets.cluster import ClusterNode
+from conformance.targets.deploy import Deployer, deploy_steps
+from conformance.targets.kube import KubeApi, Obj
+from conformance.targets.lifecycle import Action, CleanupIncomplete, Runbook, RunReport
+from conformance.targets.nodeaccess import (
+    EMPTY_SOCKETS,
+    HOST_VIEW,
+    STATE_DIR,
+    CommandRunner,
+    NodeAccess,
+)
+from conformance.targets.plan import ClusterOptions, Step
+from conformance.targets.workloads import Layout, namespace, plugin_daemonset, prepare
+
+ApiFactory = Callable[[str], KubeApi]
+
+DETECT = 'for d in /dev/kvm /dev/mshv; do [ -c "$d" ] && echo "$d"; done; exit 0'
+PREPARE = (
+    'set -eu; [ -c "$1" ] || { echo "$1 is not a character device" >&2; exit 4; }; '
+    f'mkdir -p {HOST_VIEW} {EMPTY_SOCKETS}; rm -f "{HOST_VIEW}/$2"; '
+    f'mknod -m 0600 "{HOST_VIEW}/$2" c $((0x$(stat -c %t "$1"))) $((0x$(stat -c %T "$1")))'
+)
+RESTORE = f"rm -rf {STATE_DIR}"
+
+
+def render_objects(options: ClusterOptions) -> list[Obj]:
+    """The plugin's manifests from conformance.manifests (another module owns them)."""
+    manifests = importlib.import_module("conformance.manifests")
+    objects: list[Obj] = manifests.render_objects(
+        options.manifest_target, image=options.image, namespace=options.plugin_namespace
+    )
+    return objects
+
+
+class ClusterLifecycle:
+    """Base of KindLifecycle and AksLifecycle: objects, node steps, the node itself."""
+
+    name = "cluster"
+    taint = False
+
+    def __init__(
+        self,
+        options: ClusterOptions,
+        objects: list[Obj] | None = None,
+        *,
+        runner: CommandRunner | None = None,
+        api_factory: ApiFactory | None = None,
+        report: RunReport | None = None,
+    ) -> None:
+        self.options = options
+        self.workdir = Path(options.workdir)
+        self.kubeconfig = str(self.workdir / f"kubeconfig-{self.name}-{options.short_id}")
+        self.runner = runner or CommandRunner(self.workdir / "commands.log")
+        self.api_factory = api_factory or KubeApi
+        self.report = report or RunReport(self.name, options.contract)
+        rendered = list(objects if objects is not None else render_objects(options))
+        if not any(
+            o["kind"] == "Namespace" and o["metadata"]["name"] == options.plugin_namespace
+            for o in rendered
+        ):
+            rendered.insert(0, namespace(options.plugin_namespace))
+        extra_ns = [namespace(options.work_namespace, restricted=True), *self.extra_namespaces()]
+        prepared, self.layout = self.prepare(rendered)
+        self.objects: list[Obj] = [*prepared[:1], *extra_ns, *prepared[1:]]
+        self.plugin_ds = plugin_daemonset(self.objects)
+        self._api: KubeApi | None = None
+        self.deployer = Deployer(self.api, options, self.objects)
+        self.node: ClusterNode | None = None
+        self.node_name = ""
+
+    # -- hooks for the subclasses ---------------------------------------------------------
+
+    def prepare(self, rendered: list[Obj]) -> tuple[list[Obj], Layout]:
+        return prepare(rendered)
+
+    def extra_namespaces(self) -> list[Obj]:
+        return []
+
+    def extra_dry_run(self) -> list[Obj]:
+        return []
+
+    def access(self) -> NodeAccess:
+        raise NotImplementedError
+
+    def node_cmd(self, argv: list[str]) -> str:
+        """How a node command shows in the plan."""
+        raise NotImplementedError
+
+    def steps(self) -> list[Step]:
+        raise NotImplementedError
+
+    def actions(self) -> dict[str, Action]:
+        return {
+            "node-check": lambda s: self.check_hypervisor(),
+            "node-prepare": lambda s: self.node_sh(
+                PREPARE, self.options.device, self.options.hypervisor
+            ),
+            "node-restore": lambda s: self.node_sh(RESTORE),
+            "namespaces": lambda s: self.deployer.create_namespaces([]),
+            "dry-run": lambda s: self.deployer.dry_run(self.extra_dry_run()),
+            "apply": lambda s: self.deployer.apply(),
+            "rollout": lambda s: self.deployer.wait_rollout(),
+            "baseline": lambda s: self.open_node(),
+            "workloads": lambda s: self.close_node(),
+            "delete-objects": lambda s: self.deployer.delete_all(),
+            "verify-objects": lambda s: self.deployer.verify(self.report),
+        }
+
+    # -- shared pieces --------------------------------------------------------------------
+
+    def api(self) -> KubeApi:
+        if self._api is None:
+            self._api = self.api_factory(self.kubeconfig)
+        return self._api
+
+    def close_api(self) -> None:
+        if self._api is not None:
+            self._api.close()
+            self._api = None
+
+    def shared_steps(self) -> dict[str, Step]:
+
+        def sh(script: str, *args: str) -> str:
+            return self.node_cmd(["sh", "-c", script, "sh", *args])
+
+        steps = deploy_steps(self.objects, self.extra_dry_run())
+        dev, name = self.options.device, self.options.hypervisor
+        steps["node-check"] = Step(
+            "node-check",
+            "setup",
+            f"which hypervisor devices the node exposes ({dev} required; neither: not_applicable)",
+            node=(sh(DETECT),),
+        )
+        steps["node-prepare"] = Step(
+            "node-prepare",
+            "setup",
+            f"isolated host-device view {HOST_VIEW}/{name} with {dev}'s numbers (real /dev untouched)",
+            node=(sh(PREPARE, dev, name),),
+            arms="node-restore",
+        )
+        steps["node-restore"] = Step(
+            "node-restore", "cleanup", f"remove {STATE_DIR} from the node", node=(sh(RESTORE),)
+        )
+        steps["baseline"] = Step(
+            "baseline",
+            "setup",
+            "plugin ready, allocatable > 0, baseline CDI spec, sentinels planted, session guest",
+            arms="workloads",
+        )
+        steps["workloads"] = Step(
+            "workloads", "cleanup", "delete workload pods (wait until gone), remove sentinels"
+        )
+        return steps
+
+    def node_sh(self, script: str, *args: str) -> None:
+        result = self.access().run(["sh", "-c", script, "sh", *args], timeout=120)
+        if result.rc != 0:
+            raise RuntimeError(
+                f"node command failed ({result.rc}): {result.stderr.decode()[-300:]}"
+            )
+
+    def check_hypervisor(self) -> None:
+        found = self.access().run(["sh", "-c", DETECT, "sh"]).stdout.decode().split()
+        self.report.environment["node_devices"] = found
+        want = self.options.device
+        if want in found:
+            return
+        if not found:
+            raise NotApplicable(f"node {self.node_name} exposes neither /dev/kvm nor /dev/mshv")
+        raise NotApplicable(
+            f"node {self.node_name} exposes {', '.join(found)}, not {want}: "
+            "a run tests one hypervisor and never mixes KVM and MSHV nodes"
+        )
+
+    def open_node(self) -> None:
+        self.node = ClusterNode(
+            name=self.name,
+            api=self.api(),
+            access=self.access(),
+            options=self.options,
+            node_name=self.node_name,
+            layout=self.layout,
+            plugin_ds=self.plugin_ds,
+            deployer=self.deployer,
+            taint=self.taint,
+        )
+        self.node.setup()
+        self.report.environment.update(self.node.environment())
+        self.report.notes += self.layout.notes
+        self.report.environment["capabilities"] = sorted(self.node.capabilities)
+
+    def close_node(self) -> None:
+        if self.node is not None:
+            self.node.teardown()
+
+    def runbook(self) -> Runbook:
+        return Runbook(
+            self.steps(), self.actions(), self.report, lambda argv: self.runner.run(argv)
+        )
+
+
+def quote(argv: list[str]) -> str:
+    return shlex.join(argv)
+
+
+def lifecycle_for(
+    options: ClusterOptions, objects: list[Obj] | None = None, **kw: Any
+) -> ClusterLifecycle:
+    if options.target == "kind":
+        from conformance.targets.kind import KindLifecycle
+
+        return KindLifecycle(options, objects, **kw)
+    from conformance.targets.aks import AksLifecycle
+
+    return AksLifecycle(options, objects, **kw)
+
+
+@contextlib.contextmanager
+def open_cluster(
+    options: ClusterOptions, *, out_dir: Path, objects: list[Obj] | None = None, **kw: Any
+) -> Iterator[ClusterNode]:
+    """Set the cluster up, yield its node, clean up always; the report goes to out_dir."""
+    lifecycle = lifecycle_for(options.validate(), objects, **kw)
+    report_path = out_dir / f"cluster-{options.target}.json"
+    body_failed = False
+    try:
+        with lifecycle.runbook().running():
+            assert lifecycle.node is not None
+            try:
+                yield lifecycle.node
+            except BaseException:
+                body_failed = True
+                raise
+    finally:
+        lifecycle.close_api()
+        lifecycle.report.write(report_path)
+    if not lifecycle.report.cleanup_ok and not body_failed:
+        raise CleanupIncomplete(f"cluster cleanup incomplete: see {report_path}")

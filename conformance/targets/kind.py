@@ -1,0 +1,187 @@
+"""The kind target: a throwaway kind cluster whose node sees the host's /dev/kvm.
+
+Lifecycle through the `kind` executable (create with kind/cluster.yaml, `kind load docker-image`
+with a fixed tag, delete unless --keep-cluster), node access by `docker exec` into the node
+container, kubelet restart by systemctl inside it. The bind-mounted /dev/kvm is the host's inode,
+so the host's metadata is checked in two phases around the cluster (metadata_twophase):
+startup may change only the GID, to the node's own kvm group; the final check must match exactly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Protocol
+
+from conformance.targets.clusterrun import ClusterLifecycle, quote
+from conformance.targets.kube import Obj
+from conformance.targets.lifecycle import Action
+from conformance.targets.nodeaccess import DockerExecAccess, NodeAccess
+from conformance.targets.plan import ClusterOptions, Step
+
+
+class MetadataCheck(Protocol):
+    """conformance.metadata_twophase.TwoPhase, as this module uses it."""
+
+    def snapshot_original(self) -> object: ...
+    def check_startup(self, node_kvm_gid: int | str | None = None) -> object: ...
+    def check_final(self) -> object: ...
+    def summary(self) -> dict[str, Any]: ...
+
+
+def default_metadata(device: str) -> MetadataCheck | None:
+    """The two-phase helper (conformance.metadata_twophase); None when it cannot be imported."""
+    try:
+        module = importlib.import_module("conformance.metadata_twophase")
+    except ImportError:
+        return None
+    check: MetadataCheck = module.TwoPhase(device)
+    return check
+
+
+def _failed(verdict: object) -> bool:
+    """A Verdict other than accepted (rejected, or an error such as a failed group lookup)."""
+    return getattr(verdict, "status", "accepted") != "accepted"
+
+
+def _message(verdict: object) -> str:
+    return str(getattr(verdict, "message", verdict))
+
+
+class KindLifecycle(ClusterLifecycle):
+    name = "kind"
+
+    def __init__(
+        self,
+        options: ClusterOptions,
+        objects: list[Obj] | None = None,
+        *,
+        metadata: MetadataCheck | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(options, objects, **kw)
+        self.node_name = f"{options.cluster_name}-control-plane"
+        self.metadata = metadata
+        self._docker = DockerExecAccess(self.runner, self.node_name)
+
+    def access(self) -> NodeAccess:
+        return self._docker
+
+    def node_cmd(self, argv: list[str]) -> str:
+        return self._docker.wrap(argv)
+
+    def steps(self) -> list[Step]:
+        o = self.options
+        name, kcfg = o.cluster_name, self.kubeconfig
+        shared = self.shared_steps()
+        images = [o.image] + ([o.guest_image] if o.guest_image and o.guest_image != o.image else [])
+        create = (
+            "kind", "create", "cluster", "--name", name, "--config", o.kind_config,
+            "--image", o.node_image, "--kubeconfig", kcfg, "--wait", "120s",
+        )  # fmt: skip
+        delete = ("kind", "delete", "cluster", "--name", name, "--kubeconfig", kcfg)
+        steps = [
+            Step("metadata-snapshot", "setup", f"host: snapshot {o.device} metadata (phase 0)"),
+            Step(
+                "kind-create",
+                "setup",
+                f"create kind cluster {name} (kubeconfig kept apart from ~/.kube)",
+                argv=create,
+                arms="kind-keep" if o.keep_cluster else "kind-delete",
+            ),
+            Step(
+                "metadata-startup",
+                "setup",
+                f"host {o.device}: unchanged, or only its GID changed to the node's kvm group",
+                argv=("docker", "exec", self.node_name, "getent", "group", "kvm"),
+            ),
+            *[
+                Step(
+                    f"kind-load{'-guest' if i else ''}",
+                    "setup",
+                    f"load {image} into the node (fixed tag, never :latest)",
+                    argv=("kind", "load", "docker-image", image, "--name", name),
+                )
+                for i, image in enumerate(images)
+            ],
+            shared["node-check"],
+            shared["node-prepare"],
+            shared["namespaces"],
+            shared["dry-run"],
+            shared["apply"],
+            shared["rollout"],
+            shared["baseline"],
+            shared["workloads"],
+            shared["delete-objects"],
+            shared["node-restore"],
+        ]
+        if o.keep_cluster:
+            steps += [
+                Step(
+                    "kind-keep",
+                    "cleanup",
+                    f"keep cluster {name} (--keep-cluster): {quote(list(delete))}",
+                ),
+                shared["verify-objects"],
+            ]
+        else:
+            steps += [
+                Step("kind-delete", "cleanup", f"delete kind cluster {name}", argv=delete),
+                Step(
+                    "verify-cluster-gone",
+                    "verify",
+                    f"kind no longer lists {name}",
+                    argv=("kind", "get", "clusters"),
+                ),
+            ]
+        steps.append(
+            Step("metadata-final", "verify", f"host {o.device} metadata exactly as validated")
+        )
+        return steps
+
+    def actions(self) -> dict[str, Action]:
+        return {
+            **super().actions(),
+            "metadata-snapshot": lambda s: self._metadata("snapshot"),
+            "metadata-startup": self._startup,
+            "kind-keep": lambda s: self.report.notes.append(f"cluster kept: {s.what}"),
+            "verify-cluster-gone": self._verify_gone,
+            "metadata-final": lambda s: self._metadata("final"),
+        }
+
+    def _metadata(self, phase: str) -> None:
+        if self.metadata is None:
+            self.metadata = default_metadata(self.options.device)
+        if self.metadata is None:
+            self.report.verify(f"metadata {phase}", False, "conformance.metadata_twophase missing")
+            return
+        if phase == "snapshot":
+            self.metadata.snapshot_original()  # raises when the host device cannot be lstat'ed
+            return
+        verdict = self.metadata.check_final()
+        self.report.environment["metadata_two_phase"] = self.metadata.summary()
+        self.report.verify("host device metadata (final)", not _failed(verdict), _message(verdict))
+
+    def _startup(self, step: Step) -> None:
+        if self.metadata is None:
+            self.report.notes.append("startup metadata check skipped: no two-phase helper")
+            return
+        # getent's text as is: an empty or failed lookup is an error verdict, never a gid.
+        lookup = self.runner.run(list(step.argv), check=False).stdout.decode()
+        verdict = self.metadata.check_startup(lookup)
+        self.report.verify(
+            "host device metadata (startup)", not _failed(verdict), _message(verdict)
+        )
+        if _failed(verdict):
+            raise RuntimeError(
+                f"host {self.options.device} metadata at startup: {_message(verdict)}"
+            )
+
+    def _verify_gone(self, step: Step) -> None:
+        listed = self.runner.run(list(step.argv), check=False).stdout.decode().split()
+        gone = self.options.cluster_name not in listed
+        self.report.verify("kind cluster deleted", gone, f"kind get clusters: {listed}")
+
+
+def kind_steps(options: ClusterOptions, objects: list[Obj] | None = None) -> list[Step]:
+    """The kind plan; builds the lifecycle without running anything."""
+    return KindLifecycle(options, objects).steps()

@@ -1,0 +1,233 @@
+"""Node access: run a command on a cluster node, and the Node file operations built on it.
+
+kind reaches its node with `docker exec` into the node container; AKS through a privileged
+diagnostic pod (hostPID) and `nsenter -t 1` into the host's namespaces. Both only run argv on the
+node, so every file operation is one small POSIX shell script with its operands passed as
+arguments (never spliced into the script), and file contents travel as base64 so bytes stay exact.
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Protocol
+
+from conformance.node import Area, FileInfo
+from conformance.targets.kube import ExecResult, KubeApi
+
+CDI_DIR = "/var/run/cdi"
+STATE_DIR = "/var/lib/hvconform"  # everything the harness puts on a node, removed in cleanup
+HOST_VIEW = f"{STATE_DIR}/host-dev"  # isolated host-device view: faults never touch real /dev
+EMPTY_SOCKETS = f"{STATE_DIR}/empty-sockets"
+RO_STAGING = f"{STATE_DIR}/ro-cdi"
+KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
+MISSING = 3  # exit status the scripts use for "no such file"
+EXISTS = 17
+
+_TYPES = {
+    "regular file": "file",
+    "regular empty file": "file",
+    "directory": "dir",
+    "symbolic link": "symlink",
+    "character special file": "char",
+    "block special file": "block",
+    "fifo": "fifo",
+    "socket": "socket",
+}
+
+SCRIPTS = {
+    "read": 'if [ -f "$1" ] && [ ! -L "$1" ]; then c=$(base64 "$1") || exit 3; '
+    "printf 'OK\\n%s\\n' \"$c\"; else exit 3; fi",
+    "write": 't="$(dirname "$1")/.hvconform-$(basename "$1").tmp"; '
+    'printf %s "$2" | base64 -d > "$t" && chmod 0644 "$t" && mv -f "$t" "$1"',
+    "stat": '[ -e "$1" ] || [ -L "$1" ] || exit 3; stat -c "%F|%a|%u|%g|%t|%T" "$1"',
+    "remove": 'rm -f "$1"',
+    "mkdir": 'mkdir "$1" 2>/dev/null && exit 0; { [ -e "$1" ] || [ -L "$1" ]; } && exit 17; exit 1',
+    "rmdir": 'rmdir "$1"',
+    "list": 'ls -A1 "$1"',
+    "mknod": 'mknod -m 0600 "$1" c "$2" "$3"',
+    "replace-char": 't="$(dirname "$1")/.hvconform-$(basename "$1").new"; rm -f "$t"; '
+    'mknod -m 0600 "$t" c "$2" "$3" && mv -f "$t" "$1"',
+    "ro-on": 'set -e; mkdir -p "$2"; mount -t tmpfs -o size=1m,mode=0755 hvconform-ro "$2"; '
+    'mount -o remount,ro "$2"; mount --bind "$2" "$1"',
+    "ro-off": 'umount "$1"; umount "$2"',
+}
+
+
+class NodeAccessError(RuntimeError):
+    """A node command failed in a way the operation does not expect."""
+
+
+class CommandFailed(RuntimeError):
+    def __init__(self, argv: list[str], rc: int, stderr: str) -> None:
+        super().__init__(f"`{shlex.join(argv)[:300]}` exited {rc}: {stderr.strip()[-500:]}")
+        self.argv = argv
+        self.rc = rc
+        self.stderr = stderr
+
+
+class CommandRunner:
+    """Runs executables (kind, docker, az) with a deadline; every argv goes to a log first."""
+
+    def __init__(self, log: Path | None = None, env: dict[str, str] | None = None) -> None:
+        self.log = log
+        self.env = env
+
+    def run(self, argv: list[str], *, timeout: float = 900, check: bool = True) -> ExecResult:
+        if self.log is not None:
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            with self.log.open("a") as f:
+                f.write(f"{time.strftime('%H:%M:%S')} $ {shlex.join(argv)}\n")
+        try:
+            # subprocess.run kills the child on any exception, Ctrl-C and timeouts included.
+            proc = subprocess.run(argv, capture_output=True, timeout=timeout, env=self.env)
+        except subprocess.TimeoutExpired:
+            raise CommandFailed(argv, -9, f"timed out after {timeout:g}s") from None
+        except FileNotFoundError:
+            raise CommandFailed(argv, 127, f"{argv[0]}: executable not found on PATH") from None
+        result = ExecResult(proc.returncode, proc.stdout, proc.stderr)
+        if check and proc.returncode != 0:
+            raise CommandFailed(argv, proc.returncode, proc.stderr.decode(errors="replace"))
+        return result
+
+
+class NodeAccess(Protocol):
+    """Runs argv on one node as root, in the node's own namespaces."""
+
+    where: str
+
+    def run(self, argv: list[str], timeout: float = 60) -> ExecResult: ...
+    def wrap(self, argv: list[str]) -> str: ...  # how it runs, for plans and errors
+
+
+class DockerExecAccess:
+    """kind: the node is a container; `docker exec` runs in its namespaces."""
+
+    def __init__(self, runner: CommandRunner, container: str) -> None:
+        self.runner = runner
+        self.where = container
+
+    def argv(self, argv: list[str]) -> list[str]:
+        return ["docker", "exec", self.where, *argv]
+
+    def run(self, argv: list[str], timeout: float = 60) -> ExecResult:
+        return self.runner.run(self.argv(argv), timeout=timeout, check=False)
+
+    def wrap(self, argv: list[str]) -> str:
+        return shlex.join(self.argv(argv))
+
+
+NSENTER = ["nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--"]
+
+
+class PodExecAccess:
+    """AKS: a privileged hostPID diagnostic pod; nsenter into PID 1's namespaces is the host."""
+
+    def __init__(self, api: KubeApi, namespace: str, pod: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.where = f"pod {namespace}/{pod}"
+        self.pod = pod
+
+    def run(self, argv: list[str], timeout: float = 60) -> ExecResult:
+        return self.api.exec(self.namespace, self.pod, [*NSENTER, *argv], timeout=timeout)
+
+    def wrap(self, argv: list[str]) -> str:
+        return pod_exec_text(self.pod, argv)
+
+
+def pod_exec_text(pod: str, argv: list[str]) -> str:
+    """How a command through the diagnostic pod reads in a plan."""
+    return f"exec {pod}: {shlex.join([*NSENTER, *argv])}"
+
+
+def script(name: str, *args: str) -> list[str]:
+    return ["sh", "-c", SCRIPTS[name], "sh", *args]
+
+
+def parse_stat(line: str) -> FileInfo:
+    kind, mode, uid, gid, major, minor = line.strip().split("|")
+    return FileInfo(
+        _TYPES.get(kind, "other"), int(mode, 8), int(uid), int(gid), int(major, 16), int(minor, 16)
+    )
+
+
+class NodeFiles:
+    """The Node protocol's file operations, on a node reached through a NodeAccess."""
+
+    def __init__(self, access: NodeAccess, host_view: str = HOST_VIEW) -> None:
+        self.access = access
+        self.dirs: dict[str, str] = {"cdi": CDI_DIR, "host_dev": host_view}
+
+    def _path(self, area: Area, name: str) -> str:
+        if "/" in name or name in ("", ".", ".."):
+            raise ValueError(f"not a plain file name: {name!r}")
+        return f"{self.dirs[area]}/{name}"
+
+    def sh(
+        self, name: str, *args: str, ok: tuple[int, ...] = (0,), timeout: float = 60
+    ) -> ExecResult:
+        result = self.access.run(script(name, *args), timeout=timeout)
+        if result.rc not in ok:
+            raise NodeAccessError(
+                f"node {self.access.where}: {name} {' '.join(args)[:120]} exited {result.rc}: "
+                f"{result.stderr.decode(errors='replace').strip()[-300:]}"
+            )
+        return result
+
+    def read_file(self, area: Area, name: str) -> bytes | None:
+        return self.read_path(self._path(area, name))
+
+    def read_path(self, path: str) -> bytes | None:
+        """A regular file's exact bytes; None when missing or not a regular file."""
+        result = self.sh("read", path, ok=(0, MISSING))
+        head, _, body = result.stdout.partition(b"\n")
+        if result.rc == MISSING or head != b"OK":
+            return None
+        return base64.b64decode(body)
+
+    def write_file(self, area: Area, name: str, data: bytes) -> None:
+        self.sh("write", self._path(area, name), base64.b64encode(data).decode())
+
+    def stat(self, area: Area, name: str) -> FileInfo | None:
+        return self.stat_path(self._path(area, name))
+
+    def stat_path(self, path: str) -> FileInfo | None:
+        result = self.sh("stat", path, ok=(0, MISSING))
+        return None if result.rc == MISSING else parse_stat(result.stdout.decode())
+
+    def remove(self, area: Area, name: str) -> None:
+        self.sh("remove", self._path(area, name))
+
+    def make_dir(self, area: Area, name: str) -> None:
+        if self.sh("mkdir", self._path(area, name), ok=(0, EXISTS)).rc == EXISTS:
+            raise FileExistsError(self._path(area, name))
+
+    def remove_dir(self, area: Area, name: str) -> None:
+        self.sh("rmdir", self._path(area, name))
+
+    def list_files(self, area: Area) -> list[str]:
+        return sorted(self.sh("list", self.dirs[area]).stdout.decode().split())
+
+    def make_char_device(self, area: Area, name: str, major: int, minor: int) -> None:
+        self.sh("mknod", self._path(area, name), str(major), str(minor))
+
+    def replace_char_device(self, area: Area, name: str, major: int, minor: int) -> None:
+        self.sh("replace-char", self._path(area, name), str(major), str(minor))
+
+    def device_metadata(self, path: str) -> dict[str, int | str]:
+        """What the two-phase check compares, as conformance.targets.local_io reports it."""
+        info = self.stat_path(path)
+        if info is None:
+            return {"type": "missing"}
+        return {
+            "type": info.kind,
+            "major": info.rdev_major,
+            "minor": info.rdev_minor,
+            "mode": info.mode,
+            "uid": info.uid,
+            "gid": info.gid,
+        }

@@ -1,0 +1,187 @@
+"""Cluster run options, the Step a cluster lifecycle is made of, and the dry-run plan.
+
+The same Step lists drive a real run and print as `hvconform run --target kind|aks --dry-run`, so
+the plan a maintainer reads is the plan that executes. Building a plan touches nothing: no
+executable is run and no API is called. This module imports no Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+Phase = Literal["setup", "cleanup", "verify"]
+TARGETS = ("kind", "aks")
+HYPERVISORS = ("kvm", "mshv")
+ENV_OPTIONS = "HV_CLUSTER_OPTIONS"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """Everything a cluster run needs, defined once; `from_env` is how pytest receives them."""
+
+    target: str = "kind"
+    image: str = "hv-device-plugin:0.1.0"
+    guest_image: str = ""  # workload pods; default: the plugin image (it ships the guest)
+    namespace: str = ""  # plugin namespace; default per target (see `plugin_namespace`)
+    hypervisor: str = "kvm"
+    run_id: str = "run"
+    workdir: str = "/tmp/hvconform-cluster"  # kubeconfigs and the cluster report live here
+    contract: bool = False  # True only under recorded stand-ins: never a live result
+    # kind
+    cluster_name: str = "hvconform"
+    keep_cluster: bool = False
+    kind_config: str = str(REPO_ROOT / "kind" / "cluster.yaml")
+    node_image: str = "kindest/node:v1.31.0"
+    # aks
+    resource_group: str = ""
+    cluster: str = ""
+    vm_size: str = "Standard_D4ads_v5"
+    diag_image: str = "docker.io/library/busybox:1.36"
+    # deadlines (seconds) and polling
+    rollout_timeout: float = 300.0
+    pod_timeout: float = 180.0
+    delete_timeout: float = 300.0
+    poll_interval: float = 1.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def plugin_namespace(self) -> str:
+        # On AKS the namespace is per run: deleting it can never remove someone else's install.
+        if self.namespace:
+            return self.namespace
+        return "hyperlight-system" if self.target == "kind" else f"hvconform-{self.short_id}"
+
+    @property
+    def work_namespace(self) -> str:
+        return f"hvconform-work-{self.short_id}"
+
+    @property
+    def short_id(self) -> str:
+        return (re.sub(r"[^a-z0-9]", "", self.run_id.lower()) or "run")[-8:]
+
+    @property
+    def manifest_target(self) -> str:
+        """The name conformance.manifests renders for: kind, aks or aks-mshv."""
+        if self.target == "aks" and self.hypervisor == "mshv":
+            return "aks-mshv"
+        return self.target
+
+    @property
+    def device(self) -> str:
+        return f"/dev/{self.hypervisor}"
+
+    def validate(self) -> ClusterOptions:
+        """Refuse what would make a run unsafe or ambiguous; return self for chaining."""
+        if self.target not in TARGETS:
+            raise ValueError(f"unknown cluster target {self.target!r}: {', '.join(TARGETS)}")
+        if self.hypervisor not in HYPERVISORS:
+            raise ValueError(f"--hypervisor must be kvm or mshv, got {self.hypervisor!r}")
+        if self.target == "kind" and self.hypervisor != "kvm":
+            raise ValueError("kind nodes get the host's /dev/kvm only: --hypervisor kvm")
+        name, _, tag = self.image.rpartition(":")
+        if not name or "/" in tag or tag in ("", "latest"):
+            # kind load and IfNotPresent need a fixed tag; :latest would be pulled, not loaded.
+            raise ValueError(f"--image needs an explicit tag other than latest: {self.image!r}")
+        if self.target == "aks" and not (self.resource_group and self.cluster):
+            raise ValueError("the aks target needs --resource-group and --cluster (no defaults)")
+        return self
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> ClusterOptions:
+        raw = (os.environ if environ is None else environ).get(ENV_OPTIONS, "")
+        data: dict[str, Any] = json.loads(raw) if raw else {}
+        return cls(**data)
+
+    def with_(self, **changes: Any) -> ClusterOptions:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing a cluster lifecycle does, in a form that both executes and prints."""
+
+    id: str
+    phase: Phase
+    what: str
+    argv: tuple[str, ...] = ()  # an executable, run as is
+    api: tuple[str, ...] = ()  # Kubernetes API requests, "METHOD path"
+    node: tuple[str, ...] = ()  # commands run on the node through the node-access adapter
+    manifest: str = ""  # YAML of the objects the API requests send
+    arms: str = ""  # the cleanup step made due before this step runs
+
+
+def render_plan(steps: list[Step], title: str = "") -> str:
+    """A plan as text: setup in order, then cleanup in the order it runs, then verification."""
+    lines = [f"# {title}"] if title else []
+    lines.append("# dry run: nothing below has been executed")
+    phases: tuple[tuple[Phase, str], ...] = (
+        ("setup", "setup (in order; a failure at any step jumps to cleanup)"),
+        ("cleanup", "cleanup (always runs, also on failure, Ctrl-C or SIGTERM)"),
+        ("verify", "verification (after cleanup; reported, never assumed)"),
+    )
+    n = 0
+    for phase, heading in phases:
+        chosen = [s for s in steps if s.phase == phase]
+        if not chosen:
+            continue
+        lines += ["", f"## {heading}"]
+        if phase == "cleanup":
+            lines.append("#   (the checks of the suite run between setup and cleanup)")
+        for step in chosen:
+            n += 1
+            armed = f"  [arms cleanup: {step.arms}]" if step.arms else ""
+            lines.append(f"{n:>2}. [{step.id}] {step.what}{armed}")
+            lines += [f"      $ {_shell(step.argv)}"] if step.argv else []
+            lines += [f"      node$ {cmd}" for cmd in step.node]
+            lines += [f"      api: {req}" for req in step.api]
+            if step.manifest:
+                lines += ["      manifest:"]
+                lines += [f"        {ln}" if ln else "" for ln in step.manifest.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+def _shell(argv: tuple[str, ...]) -> str:
+    import shlex
+
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+PlanBuilder = Callable[[ClusterOptions, "list[dict[str, Any]] | None"], list[Step]]
+
+
+def build_plan(
+    target: str, options: ClusterOptions, *, objects: list[dict[str, Any]] | None = None
+) -> list[Step]:
+    """Every step of a cluster run in order, cleanup included; executes nothing.
+
+    `objects` are the rendered manifests (default: conformance.manifests.render_objects).
+    """
+    options = options.with_(target=target).validate()
+    if target == "kind":
+        from conformance.targets.kind import kind_steps
+
+        return kind_steps(options, objects)
+    from conformance.targets.aks import aks_steps
+
+    return aks_steps(options, objects)
+
+
+def plan_text(target: str, options: ClusterOptions) -> str:
+    """What `--dry-run` prints."""
+    steps = build_plan(target, options)
+    where = (
+        f"kind cluster {options.cluster_name}"
+        if target == "kind"
+        else f"AKS {options.resource_group}/{options.cluster}, {options.hypervisor}"
+    )
+    return render_plan(steps, f"hvconform plan: {where}, image {options.image}")

@@ -1,0 +1,246 @@
+"""Objects the cluster harness adds or adjusts: workload and diagnostic pods, fault variants.
+
+The rendered manifests stay the plugin's own; the harness changes only test-fixture wiring, and
+says so in `Layout`: the host-device view becomes an isolated directory (so identity faults never
+touch the real /dev), AKS pods tolerate the run's taint and stay on its pool, and two fault
+variants (an empty socket dir; /dev/null at the device path) are whole-DaemonSet replacements.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from conformance.targets.kube import Obj
+from conformance.targets.nodeaccess import EMPTY_SOCKETS, HOST_VIEW
+
+RESOURCE = "hyperlight.dev/hypervisor"
+ACCESS_RESOURCE = "hyperlight.dev/device-access"
+RUN_LABEL = "hyperlight.dev/conformance-run"
+TAINT_KEY = "hyperlight.dev/conformance"
+MANAGED = {"app.kubernetes.io/managed-by": "hvconform"}
+DEVICE_PLUGINS_DIR = "/var/lib/kubelet/device-plugins"
+STATE_MOUNT = "/state"
+GUEST_MODULE = ["python", "-m", "conformance.guest"]
+
+
+@dataclass
+class Layout:
+    """Where the harness found things in the rendered plugin DaemonSet."""
+
+    daemonset: str = ""
+    namespace: str = ""
+    container: str = ""
+    selector: dict[str, str] = field(default_factory=dict)
+    health_port: int | None = None
+    host_view_isolated: bool = False
+    cdi_propagates: bool = False  # hostPath mounts made later on the node reach the plugin
+    sockets_volume: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def _pod_spec(ds: Obj) -> Obj:
+    spec: Obj = ds["spec"]["template"]["spec"]
+    return spec
+
+
+def _uses_access(container: Obj) -> bool:
+    res = container.get("resources", {})
+    return any(ACCESS_RESOURCE in (res.get(k) or {}) for k in ("limits", "requests"))
+
+
+def plugin_daemonset(objects: list[Obj]) -> Obj:
+    """The hypervisor plugin's DaemonSet: the one that consumes the bootstrap access resource."""
+    sets = [o for o in objects if o.get("kind") == "DaemonSet"]
+    if not sets:
+        raise ValueError("the rendered manifests contain no DaemonSet")
+    for ds in sets:
+        if any(_uses_access(c) for c in _pod_spec(ds).get("containers", [])):
+            return ds
+    plain = [ds for ds in sets if "access" not in ds["metadata"]["name"]]
+    return (plain or sets)[0]
+
+
+def _plugin_container(ds: Obj) -> Obj:
+    containers: list[Obj] = _pod_spec(ds)["containers"]
+    return next((c for c in containers if _uses_access(c)), containers[0])
+
+
+def _health_port(container: Obj) -> int | None:
+    args = [*container.get("command", []), *container.get("args", [])]
+    for i, arg in enumerate(args):
+        value = arg.split("=", 1)[1] if arg.startswith("--health-addr=") else ""
+        if arg == "--health-addr" and i + 1 < len(args):
+            value = args[i + 1]
+        if value:
+            return int(value.rsplit(":", 1)[1])
+    for env in container.get("env", []):
+        if env.get("name") == "HV_HEALTH_ADDR" and ":" in str(env.get("value", "")):
+            return int(str(env["value"]).rsplit(":", 1)[1])
+    probe = container.get("readinessProbe", {}).get("httpGet", {})
+    port = probe.get("port")
+    return port if isinstance(port, int) else None
+
+
+def _mount_of(container: Obj, volume: str) -> Obj:
+    return next((m for m in container.get("volumeMounts", []) if m.get("name") == volume), {})
+
+
+def prepare(
+    objects: list[Obj], *, pin_labels: dict[str, str] | None = None, taint: bool = False
+) -> tuple[list[Obj], Layout]:
+    """Copy the rendered objects with the harness wiring applied; report what was found."""
+    out = copy.deepcopy(objects)
+    ds = plugin_daemonset(out)
+    container = _plugin_container(ds)
+    layout = Layout(
+        daemonset=ds["metadata"]["name"],
+        namespace=ds["metadata"].get("namespace", ""),
+        container=container["name"],
+        selector=dict(ds["spec"]["selector"].get("matchLabels", {})),
+        health_port=_health_port(container),
+    )
+    for vol in _pod_spec(ds).get("volumes", []):
+        path = vol.get("hostPath", {}).get("path", "").rstrip("/")
+        if path == "/dev":
+            vol["hostPath"] = {"path": HOST_VIEW, "type": "Directory"}
+            layout.host_view_isolated = True
+        elif path == "/var/run/cdi":
+            prop = _mount_of(container, vol["name"]).get("mountPropagation", "None")
+            layout.cdi_propagates = prop in ("HostToContainer", "Bidirectional")
+        elif path == DEVICE_PLUGINS_DIR:
+            layout.sockets_volume = vol["name"]
+    if not layout.host_view_isolated:
+        layout.notes.append("no hostPath /dev host-device view found: identity faults unavailable")
+    for obj in out:
+        if obj.get("kind") != "DaemonSet":
+            continue
+        spec = _pod_spec(obj)
+        if pin_labels:
+            spec.setdefault("nodeSelector", {}).update(pin_labels)
+        if taint:
+            spec.setdefault("tolerations", []).append(
+                {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+            )
+    return out, layout
+
+
+def variant_sockets_empty(ds: Obj, layout: Layout) -> Obj:
+    """The plugin sees an empty directory where the kubelet's sockets are."""
+    variant = copy.deepcopy(ds)
+    for vol in _pod_spec(variant).get("volumes", []):
+        if vol["name"] == layout.sockets_volume:
+            vol["hostPath"] = {"path": EMPTY_SOCKETS, "type": "DirectoryOrCreate"}
+    return variant
+
+
+def variant_device_unusable(ds: Obj, layout: Layout, device: str) -> Obj:
+    """/dev/null's node at the device path inside the plugin container (no bootstrap device)."""
+    variant = copy.deepcopy(ds)
+    spec = _pod_spec(variant)
+    container = next(c for c in spec["containers"] if c["name"] == layout.container)
+    for key in ("limits", "requests"):
+        (container.get("resources", {}).get(key) or {}).pop(ACCESS_RESOURCE, None)
+    spec.setdefault("volumes", []).append(
+        {"name": "hvconform-null", "hostPath": {"path": "/dev/null", "type": "CharDevice"}}
+    )
+    container.setdefault("volumeMounts", []).append({"name": "hvconform-null", "mountPath": device})
+    return variant
+
+
+def namespace(name: str, *, restricted: bool = False) -> Obj:
+    labels = dict(MANAGED)
+    if restricted:
+        labels["pod-security.kubernetes.io/enforce"] = "restricted"
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+def _tolerations(taint: bool) -> list[Obj]:
+    return [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}] if taint else []
+
+
+def workload_pod(
+    name: str, ns: str, node: str, image: str, device: str, *, taint: bool, guest: bool
+) -> Obj:
+    """Requests one hypervisor slot; runs the compute guest once, then the counter guest.
+
+    nodeName skips the scheduler: the kubelet's own admission answers (UnexpectedAdmissionError),
+    which is what the checks observe. The counter state lives in an emptyDir the harness reads
+    from the node. Without a guest for this hypervisor (MSHV) the pod only holds the device.
+    """
+    mod = " ".join(GUEST_MODULE)
+    script = (
+        f'{mod} run --json --device "$0"; '
+        f'exec {mod} counter --device "$0" --state-file {STATE_MOUNT}/counter.json --interval 0.1'
+        if guest
+        else 'test -c "$0" && exec sleep 86400'
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": {**MANAGED, "hvconform/role": "guest"},
+        },
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 5,
+            "tolerations": _tolerations(taint),
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 65534,
+                "runAsGroup": 65534,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "guest",
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c", script, device],
+                    "resources": {"limits": {RESOURCE: "1"}, "requests": {RESOURCE: "1"}},
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "readOnlyRootFilesystem": True,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                    "volumeMounts": [{"name": "state", "mountPath": STATE_MOUNT}],
+                }
+            ],
+            "volumes": [{"name": "state", "emptyDir": {"sizeLimit": "1Mi"}}],
+        },
+    }
+
+
+def diagnostic_pod(name: str, ns: str, node: str, image: str) -> Obj:
+    """Privileged, hostPID: `nsenter -t 1` from here is the node. Created and removed by us."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": {**MANAGED, "hvconform/role": "diag"},
+        },
+        "spec": {
+            "nodeName": node,
+            "hostPID": True,
+            "hostNetwork": True,
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 0,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "diag",
+                    "image": image,
+                    "command": ["sleep", "86400"],
+                    "securityContext": {"privileged": True},
+                }
+            ],
+        },
+    }
