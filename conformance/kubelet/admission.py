@@ -52,7 +52,9 @@ class AllocationOutcome:
 
 def admission_error(err: str) -> str:
     """The pod status message of a failed admission."""
-    return f"Allocate failed due to {err}, which is unexpected"
+    # The real kubelet (v1.37.2, found by the differential test in tests/realnode) prefixes the
+    # admission message with "Pod was rejected: ".
+    return f"Pod was rejected: Allocate failed due to {err}, which is unexpected"
 
 
 class Admission:

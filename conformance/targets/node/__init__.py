@@ -1,0 +1,34 @@
+"""The real node target (issue #9): a real kubelet, API server and containerd on this machine.
+
+Nothing of Kubernetes' source is committed: `build` compiles the components from the published Go
+modules of one pinned release into CACHE; `stack` starts them as host processes on loopback
+(containerd with CDI for a dedicated CDI dir, etcd, the control plane, the kubelet registered as a
+Node) and stops and removes all of it; `realnode` implements the Node Protocol against it.
+Every path the stack owns is below one of the roots here, so `node-down` can prove it removed all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+KUBERNETES_VERSION = "v1.37.2"
+STAGING_VERSION = "v0.37.2"  # the staging modules are tagged v0.<minor>.<patch> with the release
+ETCD_VERSION = "v3.7.3"
+CRICTL_VERSION = "v1.37.0"
+
+REPO = Path(__file__).resolve().parents[3]
+CACHE = Path("/var/cache/hv-node")  # build outputs; survives node-down
+BIN = CACHE / "bin"
+STATE = Path("/var/lib/hv-node")  # etcd data, containerd root, certificates
+RUN = Path("/run/hv-node")  # sockets, pid files, logs, the CDI dir
+KUBELET_ROOT = Path("/var/lib/kubelet")  # the device plugin dir is fixed below it by the kubelet
+PLUGIN_DIR = KUBELET_ROOT / "device-plugins"
+PODRESOURCES_SOCKET = KUBELET_ROOT / "pod-resources" / "kubelet.sock"
+CDI_DIR = RUN / "cdi"  # containerd's only CDI dir: the host's /etc/cdi and /var/run/cdi stay out
+HOST_DEV = RUN / "host-dev"  # the plugin's host-device view (mknod copy of /dev/kvm)
+CONTAINERD_SOCKET = RUN / "containerd" / "containerd.sock"
+PAUSE_IMAGE = "hv-node.local/pause:1"
+NODE_NAME = "hv-node"
+API_PORT = 16443
+ETCD_CLIENT_PORT = 12379
+ETCD_PEER_PORT = 12380

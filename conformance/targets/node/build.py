@@ -1,0 +1,221 @@
+"""`nox -s node-build`: the node's components from published Go modules, cached under CACHE.
+
+- kubelet, kube-apiserver, kube-scheduler, kube-controller-manager: the published
+  k8s.io/kubernetes module of KUBERNETES_VERSION, through the build module in node/build (its
+  staging modules pinned to the same release; `--pin` rewrites it from the release's go.mod).
+- etcd: the published go.etcd.io/etcd/server/v3 module (node/build/etcd).
+- crictl: `go install sigs.k8s.io/cri-tools/cmd/crictl@CRICTL_VERSION`.
+- pause: node/pause, a tiny static binary for the locally made sandbox image (see `image`).
+
+One package at a time (`go build -p 1`): other work shares this machine. A component is rebuilt
+only when its binary is missing or its stamp names another version. Prints each build time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from conformance.targets.node import (
+    BIN,
+    CACHE,
+    CRICTL_VERSION,
+    ETCD_VERSION,
+    KUBERNETES_VERSION,
+    REPO,
+    STAGING_VERSION,
+)
+
+BUILD_MODULES = REPO / "node"
+STAMPS = CACHE / "stamps"
+KUBE_COMPONENTS = ("kubelet", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
+ALL_COMPONENTS = (*KUBE_COMPONENTS, "etcd", "crictl", "pause")
+_STAGING = re.compile(r"^\s+(k8s\.io/[A-Za-z0-9_.-]+) => \./staging/", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Built:
+    name: str
+    version: str
+    seconds: float  # 0.0 when it came from the cache
+    cached: bool
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(CGO_ENABLED="0", GOFLAGS="-mod=mod -trimpath", GOTOOLCHAIN="local")
+    return env
+
+
+def _version_ldflags() -> str:
+    major, minor = KUBERNETES_VERSION.lstrip("v").split(".")[:2]
+    flags = ["-s", "-w"]
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {pkg}.gitVersion={KUBERNETES_VERSION}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+            f"-X {pkg}.buildDate=1970-01-01T00:00:00Z",
+        ]
+    return " ".join(flags)
+
+
+def render_build_module(release_go_mod: str) -> str:
+    """The build module's go.mod: require the release, pin each of its staging modules."""
+    staging = sorted(set(_STAGING.findall(release_go_mod)))
+    if not staging:
+        raise ValueError("the release's go.mod names no ./staging replacements")
+    go = re.search(r"^go (\S+)$", release_go_mod, re.MULTILINE)
+    lines = [
+        "// Build module for hv-node (issue #9): the published k8s.io/kubernetes module of ONE pinned",
+        "// release. k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with",
+        "// ./staging/... paths that do not exist outside its repository, so this module pins each",
+        "// staging module to the published tag of the same release. Written by",
+        "// `python -m conformance.targets.node.build --pin` from the release's own go.mod.",
+        "module hv.local/nodebuild",
+        "",
+        f"go {go.group(1) if go else '1.26.0'}",
+        "",
+        "godebug default=go1.26",
+        "",
+        f"require k8s.io/kubernetes {KUBERNETES_VERSION}",
+        "",
+        "replace (",
+        *[f"\t{m} => {m} {STAGING_VERSION}" for m in staging],
+        ")",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def pin() -> None:
+    """Rewrite node/build/go.mod from the go.mod of the release, read from the module cache."""
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", f"k8s.io/kubernetes@{KUBERNETES_VERSION}"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=CACHE,
+    ).stdout
+    release = Path(json.loads(out)["GoMod"]).read_text()
+    (BUILD_MODULES / "build" / "go.mod").write_text(render_build_module(release))
+
+
+def _stamp(name: str) -> dict[str, object]:
+    try:
+        data = json.loads((STAMPS / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _workdir(module: str) -> Path:
+    """A copy of a committed build module under CACHE: go.sum and the build stay out of the repo."""
+    src = BUILD_MODULES / module
+    dst = CACHE / "src" / module.replace("/", "-")
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file():
+            target = dst / f.name
+            if not target.exists() or target.read_bytes() != f.read_bytes():
+                shutil.copyfile(f, target)
+    return dst
+
+
+def _go(args: list[str], cwd: Path, log: Path, **extra_env: str) -> None:
+    with log.open("ab") as out:
+        out.write(f"\n$ go {' '.join(args)}\n".encode())
+        out.flush()
+        env = {**_env(), **extra_env}
+        proc = subprocess.run(["go", *args], cwd=cwd, env=env, stdout=out, stderr=out)
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        raise RuntimeError(f"go {args[0]} failed ({proc.returncode}):\n" + "\n".join(tail))
+
+
+def build_one(name: str, *, force: bool = False) -> Built:
+    version = {"etcd": ETCD_VERSION, "crictl": CRICTL_VERSION, "pause": "local"}.get(
+        name, KUBERNETES_VERSION
+    )
+    binary = BIN / name
+    if not force and binary.exists() and _stamp(name).get("version") == version:
+        return Built(name, version, float(str(_stamp(name).get("seconds", 0.0))), cached=True)
+    BIN.mkdir(parents=True, exist_ok=True)
+    STAMPS.mkdir(parents=True, exist_ok=True)
+    log = CACHE / "logs" / f"build-{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    tmp = BIN / f".{name}.new"
+    start = time.monotonic()
+    if name in KUBE_COMPONENTS:
+        cwd = _workdir("build")
+        args = ["build", "-p", "1", "-ldflags", _version_ldflags(), "-o", str(tmp)]
+        _go([*args, f"k8s.io/kubernetes/cmd/{name}"], cwd, log)
+    elif name == "etcd":
+        cwd = _workdir("build/etcd")
+        _go(
+            ["build", "-p", "1", "-ldflags", "-s -w", "-o", str(tmp), "go.etcd.io/etcd/server/v3"],
+            cwd,
+            log,
+        )
+    elif name == "crictl":
+        gobin = CACHE / "gobin"
+        args = ["install", "-p", "1", "-ldflags", "-s -w"]
+        _go(
+            [*args, f"sigs.k8s.io/cri-tools/cmd/crictl@{CRICTL_VERSION}"],
+            CACHE,
+            log,
+            GOBIN=str(gobin),
+        )
+        shutil.copyfile(gobin / "crictl", tmp)
+    elif name == "pause":
+        cwd = _workdir("pause")
+        _go(["build", "-p", "1", "-ldflags", "-s -w", "-o", str(tmp), "."], cwd, log)
+    else:
+        raise ValueError(f"unknown component {name!r}")
+    seconds = round(time.monotonic() - start, 1)
+    tmp.chmod(0o755)
+    tmp.replace(binary)
+    (STAMPS / f"{name}.json").write_text(json.dumps({"version": version, "seconds": seconds}))
+    return Built(name, version, seconds, cached=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="node-build", description=__doc__.splitlines()[0])
+    parser.add_argument("components", nargs="*", default=list(ALL_COMPONENTS))
+    parser.add_argument("--force", action="store_true", help="rebuild even when cached")
+    parser.add_argument("--pin", action="store_true", help="rewrite node/build/go.mod first")
+    args = parser.parse_args(argv)
+    if shutil.which("go") is None:
+        print("node-build: no `go` on PATH", file=sys.stderr)
+        return 2
+    CACHE.mkdir(parents=True, exist_ok=True)
+    if args.pin:
+        pin()
+    total = 0.0
+    failed = False
+    for name in args.components:
+        try:
+            built = build_one(name, force=args.force)
+        except (RuntimeError, ValueError) as exc:
+            print(f"node-build: {name}: FAILED: {exc}", file=sys.stderr)
+            failed = True
+            continue
+        origin = "cached, built in" if built.cached else "built in"
+        print(f"node-build: {name} {built.version} {origin} {built.seconds:.0f}s -> {BIN / name}")
+        total += 0.0 if built.cached else built.seconds
+    print(f"node-build: this run compiled for {total:.0f}s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

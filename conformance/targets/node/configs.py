@@ -1,0 +1,130 @@
+"""What the real node runs, as text and objects: containerd's and the kubelet's configuration and
+the workload pod. Kept apart from `stack` (which starts things) so tests can read them alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from conformance.targets.node import (
+    CDI_DIR,
+    CONTAINERD_SOCKET,
+    NODE_NAME,
+    PAUSE_IMAGE,
+    REPO,
+    RUN,
+    STATE,
+)
+
+PKI = STATE / "pki"
+KUBELET_HEALTHZ = 20248
+KUBELET_PORT = 20250
+NAMESPACE = "default"
+
+
+def containerd_config() -> str:
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return f"""version = 2
+root = "{STATE / "containerd"}"
+state = "{RUN / "containerd" / "state"}"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "{CONTAINERD_SOCKET}"
+[ttrpc]
+  address = "{CONTAINERD_SOCKET}.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{STATE / "containerd" / "opt"}"
+[{cri}]
+  sandbox_image = "{PAUSE_IMAGE}"
+  stream_server_address = "127.0.0.1"
+  enable_cdi = true
+  # This machine withholds CAP_SYS_RESOURCE: oom_score_adj cannot go below ours (pause wants -998).
+  restrict_oom_score_adj = true
+  cdi_spec_dirs = ["{CDI_DIR}"]
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{cri}.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [{cri}.cni]
+    bin_dir = "{RUN / "cni" / "bin"}"
+    conf_dir = "{RUN / "cni" / "net.d"}"
+"""
+
+
+def kubelet_config() -> str:
+    return f"""apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: {KUBELET_PORT}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: {KUBELET_HEALTHZ}
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: false}}
+  x509: {{clientCAFile: {PKI / "ca.crt"}}}
+authorization: {{mode: AlwaysAllow}}
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+containerRuntimeEndpoint: unix://{CONTAINERD_SOCKET}
+staticPodPath: {RUN / "manifests"}
+fileCheckFrequency: 1s
+syncFrequency: 5s
+nodeStatusUpdateFrequency: 1s
+nodeStatusReportFrequency: 1s
+evictionHard: {{memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%"}}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+resolvConf: ""
+serializeImagePulls: false
+makeIPTablesUtilChains: false
+"""
+
+
+def workload_pod(name: str, resource: str, command: list[str], state: Path) -> dict[str, Any]:
+    """A host-network pod of the offline image: the host's /usr and this repo, read-only."""
+    vols = {
+        "usr": ("/usr", "/usr", True),
+        "repo": (str(REPO), "/repo", True),
+        "state": (str(state), "/state", False),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": "hv-node-workload"}},
+        "spec": {
+            "nodeName": NODE_NAME,
+            "hostNetwork": True,
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 1,
+            "tolerations": [{"operator": "Exists"}],
+            "securityContext": {"runAsUser": 65534, "runAsGroup": 65534, "runAsNonRoot": True},
+            "containers": [
+                {
+                    "name": "workload",
+                    "image": PAUSE_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": command,
+                    "env": [{"name": "PYTHONPATH", "value": "/repo"}],
+                    "resources": {"limits": {resource: "1"}},
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "readOnlyRootFilesystem": True,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                    "volumeMounts": [
+                        {"name": n, "mountPath": m, "readOnly": ro}
+                        for n, (_, m, ro) in vols.items()
+                    ],
+                }
+            ],
+            "volumes": [{"name": n, "hostPath": {"path": h}} for n, (h, _, _) in vols.items()],
+        },
+    }

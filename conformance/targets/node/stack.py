@@ -1,0 +1,355 @@
+"""`nox -s node-up` / `node-down`: the real node as host processes on loopback, and its removal.
+
+up: tmpfs CDI dir and host-device view -> containerd (CDI on, only our CDI dir; own root, state
+and socket) -> the offline image -> [etcd -> kube-apiserver -> kube-controller-manager ->
+kube-scheduler] -> the kubelet (registered as Node NODE_NAME, or standalone when there is no API
+server) -> optionally the plugin as a host process. No CNI: workloads are host-network pods.
+down: everything in reverse, by recorded pid; pod sandboxes removed through CRI; then mounts,
+directories, the kubelet's cgroups and log dirs; finally `verify_down` lists anything left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from conformance.targets.node import (
+    API_PORT,
+    BIN,
+    CDI_DIR,
+    CONTAINERD_SOCKET,
+    ETCD_CLIENT_PORT,
+    ETCD_PEER_PORT,
+    HOST_DEV,
+    KUBELET_ROOT,
+    NODE_NAME,
+    RUN,
+    STATE,
+    procs,
+)
+from conformance.targets.node.configs import KUBELET_HEALTHZ, PKI, containerd_config, kubelet_config
+from conformance.targets.node.image import import_image
+from conformance.targets.node.kubeapi import Api, ApiError
+from conformance.targets.node.pki import kubeconfig, make_pki
+
+PLUGIN_HEALTH = "127.0.0.1:18080"
+LOG_DIRS = (Path("/var/log/pods"), Path("/var/log/containers"))
+ROOTS = (RUN, STATE, KUBELET_ROOT)
+CGROUP_V1 = Path("/sys/fs/cgroup")
+# Chains a kubelet makes when makeIPTablesUtilChains is on (the default); removed if ever seen.
+KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT")
+ORDER = ("plugin", "kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
+
+
+def _wait(pred: object, timeout_s: float, what: str, proc: procs.Proc | None = None) -> None:
+    assert callable(pred)
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if proc is not None and not proc.alive:
+            raise RuntimeError(
+                f"{proc.name} exited while waiting for {what}:\n{procs.log_tail(proc.name)}"
+            )
+        if time.monotonic() > deadline:
+            tail = procs.log_tail(proc.name) if proc else ""
+            raise RuntimeError(f"timed out after {timeout_s:g}s waiting for {what}\n{tail}")
+        time.sleep(0.2)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 (loopback http only)
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _mount_tmpfs(path: Path, size: str) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    if not os.path.ismount(path):
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "hv-node", str(path)],
+            check=True,
+        )
+
+
+def _start_containerd() -> None:
+    (RUN / "containerd").mkdir(parents=True, exist_ok=True)
+    (RUN / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
+    cfg = RUN / "containerd" / "config.toml"
+    cfg.write_text(containerd_config())
+    proc = procs.start("containerd", ["containerd", "--config", str(cfg)])
+    _wait(lambda: CONTAINERD_SOCKET.exists(), 30, "containerd's socket", proc)
+    _wait(lambda: _crictl("info", check=False).returncode == 0, 30, "containerd's CRI", proc)
+    import_image(RUN)
+
+
+def crictl_argv() -> list[str]:
+    """crictl on our containerd, with a config file of ours (none is read from /etc)."""
+    config = RUN / "crictl.yaml"
+    if not config.exists():
+        config.write_text(f"runtime-endpoint: unix://{CONTAINERD_SOCKET}\ntimeout: 20\n")
+    return [str(BIN / "crictl"), "--config", str(config)]
+
+
+def _crictl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*crictl_argv(), *args], capture_output=True, text=True, check=check, timeout=120
+    )
+
+
+def _start_control_plane() -> Api:
+    make_pki(PKI)
+    etcd = procs.start("etcd", [
+        str(BIN / "etcd"), "--name", NODE_NAME, "--data-dir", str(STATE / "etcd"),
+        "--listen-client-urls", f"http://127.0.0.1:{ETCD_CLIENT_PORT}",
+        "--advertise-client-urls", f"http://127.0.0.1:{ETCD_CLIENT_PORT}",
+        "--listen-peer-urls", f"http://127.0.0.1:{ETCD_PEER_PORT}",
+        "--initial-advertise-peer-urls", f"http://127.0.0.1:{ETCD_PEER_PORT}",
+        "--initial-cluster", f"{NODE_NAME}=http://127.0.0.1:{ETCD_PEER_PORT}",
+        "--unsafe-no-fsync",
+    ])  # fmt: skip
+    _wait(lambda: _http_ok(f"http://127.0.0.1:{ETCD_CLIENT_PORT}/health"), 60, "etcd health", etcd)
+    api = procs.start("kube-apiserver", [
+        str(BIN / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{ETCD_CLIENT_PORT}",
+        "--bind-address=127.0.0.1", f"--secure-port={API_PORT}", "--advertise-address=127.0.0.1",
+        "--endpoint-reconciler-type=none", "--service-cluster-ip-range=10.0.0.0/24",
+        f"--tls-cert-file={PKI / 'apiserver.crt'}", f"--tls-private-key-file={PKI / 'apiserver.key'}",
+        f"--client-ca-file={PKI / 'ca.crt'}", "--authorization-mode=Node,RBAC",
+        f"--kubelet-client-certificate={PKI / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={PKI / 'apiserver-kubelet-client.key'}",
+        f"--kubelet-certificate-authority={PKI / 'ca.crt'}", "--kubelet-preferred-address-types=InternalIP",
+        f"--service-account-key-file={PKI / 'sa.pub'}",
+        f"--service-account-signing-key-file={PKI / 'sa.key'}",
+        "--service-account-issuer=https://kubernetes.default.svc", "--profiling=false",
+    ])  # fmt: skip
+    client = Api(PKI)
+    _wait(client.ready, 120, "kube-apiserver /readyz", api)
+    for name in ("kube-controller-manager", "kube-scheduler"):
+        if not (BIN / name).exists():
+            continue  # optional: pods name their node; the default service account is made below
+        cfg = kubeconfig(PKI, "admin", RUN / f"{name}.kubeconfig")
+        extra = [
+            "--controllers=*,-nodelifecycle",
+            "--use-service-account-credentials=false",
+            f"--service-account-private-key-file={PKI / 'sa.key'}",
+            f"--root-ca-file={PKI / 'ca.crt'}",
+        ]
+        argv = [
+            str(BIN / name),
+            f"--kubeconfig={cfg}",
+            "--bind-address=127.0.0.1",
+            "--secure-port=0",
+        ]
+        procs.start(name, [*argv, *(extra if name == "kube-controller-manager" else [])])
+    try:
+        client.request("POST", "/api/v1/namespaces/default/serviceaccounts", {
+            "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})  # fmt: skip
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+    return client
+
+
+def start_kubelet(api: Api | None) -> procs.Proc:
+    (RUN / "manifests").mkdir(parents=True, exist_ok=True)
+    cfg = RUN / "kubelet.yaml"
+    cfg.write_text(kubelet_config())
+    argv = [
+        str(BIN / "kubelet"), f"--config={cfg}", f"--hostname-override={NODE_NAME}",
+        "--node-ip=127.0.0.1", f"--root-dir={KUBELET_ROOT}", "--v=2",
+    ]  # fmt: skip
+    if api is not None:
+        argv.append(f"--kubeconfig={kubeconfig(PKI, 'kubelet', RUN / 'kubelet.kubeconfig')}")
+    proc = procs.start("kubelet", argv)
+    _wait(
+        lambda: _http_ok(f"http://127.0.0.1:{KUBELET_HEALTHZ}/healthz"), 90, "kubelet healthz", proc
+    )
+    if api is not None:
+        _wait(lambda: _node_exists(api), 60, f"Node {NODE_NAME} registered", proc)
+    return proc
+
+
+def _node_exists(api: Api) -> bool:
+    try:
+        api.get(f"/api/v1/nodes/{NODE_NAME}")
+    except (ApiError, OSError):
+        return False
+    return True
+
+
+def start_plugin(argv: list[str]) -> procs.Proc:
+    full = [*argv, "--device-plugin-dir", str(KUBELET_ROOT / "device-plugins"), "--cdi-dir",
+            str(CDI_DIR), "--host-dev-dir", str(HOST_DEV), "--health-addr", PLUGIN_HEALTH]  # fmt: skip
+    return procs.start("plugin", full)
+
+
+def up(*, standalone: bool = False, plugin: list[str] | None = None) -> Api | None:
+    missing = [n for n in ("kubelet", "crictl", "pause") if not (BIN / n).exists()]
+    if missing:
+        raise RuntimeError(f"not built: {', '.join(missing)} (run `nox -s node-build`)")
+    if shutil.which("containerd") is None or shutil.which("runc") is None:
+        raise RuntimeError("containerd/runc not installed (containerd 1.7 from trixie, pinned)")
+    alive = [n for n in (*ORDER, "containerd") if (p := procs.recorded(n)) and p.alive]
+    if alive:
+        raise RuntimeError(f"node already up ({', '.join(alive)} running): run node-down first")
+    with_api = not standalone and (BIN / "kube-apiserver").exists() and (BIN / "etcd").exists()
+    for root in ROOTS:
+        root.mkdir(parents=True, exist_ok=True)
+    (RUN / "log-dirs-made").write_text("\n".join(str(d) for d in LOG_DIRS if not d.exists()) + "\n")
+    _mount_tmpfs(CDI_DIR, "4m")
+    _mount_tmpfs(HOST_DEV, "1m")
+    kvm = os.stat("/dev/kvm").st_rdev
+    if not (HOST_DEV / "kvm").exists():
+        os.mknod(HOST_DEV / "kvm", 0o020660, kvm)
+    make_pki(PKI)  # the kubelet's client CA, even standalone
+    _start_containerd()
+    api = _start_control_plane() if with_api else None
+    start_kubelet(api)
+    if plugin:
+        start_plugin(plugin)
+        _wait(
+            lambda: _http_ok(f"http://{PLUGIN_HEALTH}/readyz"),
+            60,
+            "plugin /readyz",
+            procs.recorded("plugin"),
+        )
+    return api
+
+
+def _mounts_under(roots: tuple[Path, ...]) -> list[str]:
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if any(point == str(r) or point.startswith(str(r) + "/") for r in roots):
+            found.append(point)
+    return found
+
+
+def _kubepods_cgroups() -> list[Path]:
+    if not CGROUP_V1.is_dir():
+        return []
+    return [
+        p for c in CGROUP_V1.iterdir() for p in (c / "kubepods", c / "kubepods.slice") if p.is_dir()
+    ]
+
+
+def _rm_cgroup(path: Path) -> None:
+    for sub in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        sub.rmdir()
+    path.rmdir()
+
+
+def down() -> list[str]:
+    """Stop and remove everything node-up made; returns what could not be removed."""
+    for name in ORDER[:2]:
+        if (p := procs.recorded(name)) is not None:
+            p.stop()
+    if (p := procs.recorded("containerd")) is not None and p.alive:
+        _crictl("rmp", "-af", check=False)
+        p.stop()
+    sock = str(CONTAINERD_SOCKET)
+    for pid in procs.pids_with_arg(sock) + procs.pids_with_exe_under(STATE):
+        if (st := procs.start_time(pid)) is not None:
+            procs.Proc("leftover", pid, st).stop(timeout_s=5)
+    for name in ORDER[2:]:
+        if (p := procs.recorded(name)) is not None:
+            p.stop()
+    for point in sorted(_mounts_under(ROOTS), key=len, reverse=True):
+        if subprocess.run(["umount", point], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", point], capture_output=True)
+    made = (RUN / "log-dirs-made").read_text().split() if (RUN / "log-dirs-made").exists() else []
+    for d in made:
+        shutil.rmtree(d, ignore_errors=True)
+    for root in ROOTS:
+        shutil.rmtree(root, ignore_errors=True)
+    for cg in _kubepods_cgroups():
+        with contextlib.suppress(OSError):
+            _rm_cgroup(cg)
+    _remove_iptables_leftovers()
+    return verify_down()
+
+
+def _iptables_leftovers() -> list[tuple[str, str, str]]:
+    """(tool, table, chain) of kubelet chains present in iptables and ip6tables."""
+    found = []
+    for tool in ("iptables", "ip6tables"):
+        if shutil.which(f"{tool}-save") is None:
+            continue
+        table = ""
+        for line in subprocess.run(
+            [f"{tool}-save"], capture_output=True, text=True
+        ).stdout.splitlines():
+            if line.startswith("*"):
+                table = line[1:]
+            elif line.startswith(":") and line[1:].split()[0] in KUBELET_CHAINS:
+                found.append((tool, table, line[1:].split()[0]))
+    return found
+
+
+def _remove_iptables_leftovers() -> None:
+    for tool, table, chain in _iptables_leftovers():
+        for parent in ("INPUT", "OUTPUT", "FORWARD", "PREROUTING", "POSTROUTING"):
+            while (
+                subprocess.run(
+                    [tool, "-t", table, "-D", parent, "-j", chain], capture_output=True
+                ).returncode
+                == 0
+            ):
+                pass
+        subprocess.run([tool, "-t", table, "-F", chain], capture_output=True)
+        subprocess.run([tool, "-t", table, "-X", chain], capture_output=True)
+
+
+def verify_down() -> list[str]:
+    left = [f"process {pid} ({Path(f'/proc/{pid}/exe').resolve()})"
+            for pid in procs.pids_with_exe_under(BIN) + procs.pids_with_exe_under(STATE)]  # fmt: skip
+    left += [f"containerd shim {pid}" for pid in procs.pids_with_arg(str(CONTAINERD_SOCKET))]
+    left += [f"mount {m}" for m in _mounts_under(ROOTS)]
+    left += [f"directory {r}" for r in ROOTS if r.exists()]
+    left += [f"cgroup {c}" for c in _kubepods_cgroups()]
+    left += [f"{tool} -t {table} chain {chain}" for tool, table, chain in _iptables_leftovers()]
+    return left
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hv-node", description="the real node: up or down")
+    parser.add_argument("action", choices=("up", "down", "verify-down"))
+    parser.add_argument("--standalone", action="store_true", help="kubelet without an API server")
+    parser.add_argument("--plugin", action="store_true", help="also run the plugin (host process)")
+    args = parser.parse_args(argv)
+    start = time.monotonic()
+    if args.action == "up":
+        try:
+            api = up(
+                standalone=args.standalone,
+                plugin=[sys.executable, "-m", "plugin"] if args.plugin else None,
+            )
+        except (RuntimeError, subprocess.CalledProcessError) as exc:
+            print(f"node-up: FAILED: {exc}", file=sys.stderr)
+            if "already up" not in str(exc):
+                left = down()  # roll back what was started; a running node is left alone
+                print(f"node-up: rolled back ({left or 'clean'})", file=sys.stderr)
+            return 1
+        mode = "standalone kubelet" if api is None else f"API server https://127.0.0.1:{API_PORT}"
+        print(
+            f"node-up: {NODE_NAME} up in {time.monotonic() - start:.1f}s ({mode}); logs in {procs.LOGS}"
+        )
+        return 0
+    left = down() if args.action == "down" else verify_down()
+    for item in left:
+        print(f"node-down: left behind: {item}", file=sys.stderr)
+    print(
+        f"node-{args.action}: {'clean' if not left else 'NOT clean'} in {time.monotonic() - start:.1f}s"
+    )
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+module hv.local/pause
+
+go 1.26.0
