@@ -65,3 +65,13 @@ def protos(session: nox.Session) -> None:
     """Regenerate plugin/api stubs from plugin/api/deviceplugin.proto."""
     session.install("grpcio-tools>=1.66", "mypy-protobuf>=3.6")
     session.run("python", "tools/gen_protos.py")
+
+
+@nox.session(python=PYTHON)
+def image(session: nox.Session) -> None:
+    """Plugin and workload images with no registry (debootstrap base, offline build), timed.
+
+    `nox -s image -- --base-image python:3.11-slim` uses a registry base already pulled.
+    """
+    session.install("-e", ".[conformance]")
+    session.run("python", "-m", "conformance.images", *session.posargs)

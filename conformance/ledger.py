@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("process", "mount", "netns", "link", "dir", "file", "socket", "container", "cgroup")
+KINDS = (
+    "process", "mount", "netns", "link", "dir", "file", "socket", "container", "cgroup", "image",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -68,9 +71,66 @@ def still_present(entry: Entry, mounts: set[str] | None = None) -> bool:
         return Path(entry.ident).exists()
     if entry.kind in ("dir", "file", "socket"):
         return os.path.lexists(entry.ident)
-    if entry.kind == "container":
-        return False  # verified by the container target itself, which knows its engine
+    if entry.kind in ("container", "image"):
+        return _engine_has(entry)
     raise ValueError(f"unknown ledger kind {entry.kind!r}")
+
+
+def _detail_fields(detail: str) -> dict[str, str]:
+    return dict(w.split("=", 1) for w in detail.replace(";", " ").split() if "=" in w)
+
+
+def _engine_has(entry: Entry) -> bool:
+    """Ask the engine about a container or image: `docker:<name|id>` or `podman:<name>`.
+
+    Docker: the API on the socket named by `host=` in detail (404 = gone); with the engine
+    stopped, its data root (`data_root=`) still holds whatever would come back on restart.
+    Podman runs keep their store in a namespace-private tmpfs that dies with the run, so a
+    podman container is present while any process (podman, conmon) still names it.
+    """
+    engine, _, name = entry.ident.partition(":")
+    fields = _detail_fields(entry.detail)
+    if engine == "podman":
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    argv = (proc / "cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if name.encode() in argv:
+                    return True
+        return False
+    if engine != "docker":
+        raise ValueError(f"unknown engine in ledger entry {entry.ident!r}")
+    path = f"/{'images' if entry.kind == 'image' else 'containers'}/{name}/json"
+    status = _docker_api_status(fields.get("host", ""), path)
+    if status is not None:
+        return status == 200
+    root = Path(fields.get("data_root", "/var/lib/docker"))
+    if entry.kind == "image":
+        return (root / "image/overlay2/imagedb/content/sha256" / name.split(":")[-1]).exists()
+    if (root / "containers" / name).exists():  # recorded by ID
+        return True
+    named = f'"Name":"/{name}"'
+    return any(
+        named in c.read_text(errors="replace") for c in root.glob("containers/*/config.v2.json")
+    )
+
+
+def _docker_api_status(host: str, path: str) -> int | None:
+    """HTTP status of GET path on a unix:// engine socket; None when it cannot be reached."""
+    if not host.startswith("unix://"):
+        return None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5)
+            sock.connect(host.removeprefix("unix://"))
+            sock.sendall(f"GET {path} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
+            head = sock.recv(64).decode("latin-1")
+    except OSError:
+        return None
+    parts = head.split()
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
 
 
 class Ledger:

@@ -30,6 +30,7 @@ from conformance.results import (
     write_results,
 )
 from conformance.scenarios import BY_ID, CATALOGUE, CLEANUP, Check
+from conformance.targets.target_report import merge_reports
 
 USER_PROP = "hv_check"
 
@@ -40,6 +41,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--out", default="", help="results directory (default reports/<run-id>)")
     group.addoption("--plugin-cmd", default="", help="command that starts the plugin under test")
     group.addoption("--run-id", default="", help="run id (default: timestamp)")
+    group.addoption(
+        "--runtime",
+        default="process",
+        choices=("process", "container"),
+        help="local target: plugin and workloads as sandboxed processes (default) or containers",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -86,6 +93,7 @@ def node(request: pytest.FixtureRequest) -> Iterator[Node]:
             out_dir=run_dir(),
             worker=worker_id(config),
             plugin_cmd=config.getoption("--plugin-cmd"),
+            runtime=config.getoption("--runtime"),
         ) as target_node:
             two_phase.check_startup(None)  # a local node has no udev: unchanged is the rule
             yield target_node
@@ -169,6 +177,25 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 _CONFIG: dict[str, pytest.Config] = {}
 
 
+def _plan(config: pytest.Config, nodeids: list[str]) -> None:
+    if _RUN in config.stash:
+        planned = config.stash[_RUN].setdefault("planned", [])
+        for nodeid in nodeids:
+            check_id = _check_id(nodeid)
+            if check_id is not None and check_id not in planned:
+                planned.append(check_id)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _plan(session.config, [item.nodeid for item in session.items])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    if "config" in _CONFIG:
+        _plan(_CONFIG["config"], ids)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     _CONFIG["config"] = session.config
@@ -237,11 +264,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         metadata = _metadata_record(out)
         if metadata is not None:
             records[metadata["id"]] = metadata
+    # What the targets saw (image IDs, runtime inspection, guest runs), per worker.
+    targets = merge_reports(out, records)
     order = [c.id for c in CATALOGUE] + ["metadata-two-phase", CLEANUP.id]
     checks = [
         CheckRecord(**{**r, "timeline": [TimelineEvent(**t) for t in r.get("timeline", [])]})
         for r in sorted(records.values(), key=lambda r: order.index(r["id"]))
     ]
+    planned = [i for i in run.get("planned", []) if i in BY_ID]
+    missing = [i for i in planned if i not in records]
+    interrupted = session.exitstatus == pytest.ExitCode.INTERRUPTED
+    partial = interrupted or bool(missing)
     failed = any(c.status == Status.FAILED.value for c in checks)
     if failed and session.exitstatus == 0:
         session.exitstatus = 1
@@ -254,6 +287,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         run={
             "id": run["id"],
             "target": config.getoption("--target"),
+            "runtime": config.getoption("--runtime"),
             "started_at": environment.iso(run["started"]),
             "finished_at": environment.iso(finished),
             "duration_s": round(finished - run["started"], 3),
@@ -262,7 +296,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             "markexpr": config.getoption("-m") or "",
             "counts": counts,
             "workers": str(config.getoption("numprocesses", None) or 0),
+            "planned": planned,
+            "partial": partial,
+            **(
+                {
+                    "interruption": (
+                        "interrupted" if interrupted else "not run: " + ", ".join(missing)
+                    )
+                }
+                if partial
+                else {}
+            ),
         },
-        environment=environment.collect(),
+        environment={**environment.collect(), **({"targets": targets} if targets else {})},
         checks=checks,
     )

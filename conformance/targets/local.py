@@ -110,6 +110,7 @@ class LocalNode(LocalFiles):
         self.session_guest: str | None = None
         self._mounts: list[Path] = []
         self._guests: dict[str, subprocess.Popen[bytes]] = {}
+        self._guest_runs = 0
         self._allocations: dict[int, Any] = {}
         self.sandbox: PluginSandbox | None = None
         self.kubelet: ThreadedKubeletEmulator | None = None
@@ -149,6 +150,20 @@ class LocalNode(LocalFiles):
             self.write_file("cdi", name, data)
         self.kubelet = ThreadedKubeletEmulator(self.plugin_dir)
         self.kubelet.start()
+        self._start_plugin()
+        wait_for(self._ready_or_dead, SETUP_TIMEOUT_S, "plugin ready at node setup")
+        wait_for(lambda: self.allocatable() > 0, SETUP_TIMEOUT_S, "allocatable > 0 at node setup")
+        self.baseline_spec = wait_for(
+            lambda: self.read_file("cdi", SPEC_NAME),
+            SETUP_TIMEOUT_S,
+            "the plugin's CDI spec at node setup",
+        )
+        allocation = self.allocate()
+        if allocation.ok:
+            self.session_guest = self.start_long_guest(allocation)
+
+    def _start_plugin(self) -> None:
+        """Start the plugin under test (a hook: the container runtime runs it differently)."""
         self.sandbox = PluginSandbox(
             self._plugin_argv(),
             run_dir=self.state,
@@ -160,16 +175,11 @@ class LocalNode(LocalFiles):
         )
         self.sandbox.argv += ["--health-addr", self.sandbox.health_addr]
         self.sandbox.start()
-        wait_for(self._ready_or_dead, SETUP_TIMEOUT_S, "plugin ready at node setup")
-        wait_for(lambda: self.allocatable() > 0, SETUP_TIMEOUT_S, "allocatable > 0 at node setup")
-        self.baseline_spec = wait_for(
-            lambda: self.read_file("cdi", SPEC_NAME),
-            SETUP_TIMEOUT_S,
-            "the plugin's CDI spec at node setup",
-        )
-        allocation = self.allocate()
-        if allocation.ok:
-            self.session_guest = self.start_long_guest(allocation)
+
+    def _stop_plugin(self) -> None:
+        """Stop the plugin and verify it is gone (the hook paired with _start_plugin)."""
+        if self.sandbox is not None:
+            self.sandbox.close()
 
     def _plugin_argv(self) -> list[str]:
         assert self.sandbox is None
@@ -193,8 +203,7 @@ class LocalNode(LocalFiles):
                     proc.kill()
                     proc.wait(5)
             self._guests.pop(handle)
-        if self.sandbox is not None:
-            self.sandbox.close()
+        self._stop_plugin()
         if self.kubelet is not None:
             self.kubelet.stop()
         for mountpoint in reversed(self._mounts):
@@ -338,7 +347,10 @@ class LocalNode(LocalFiles):
         return resolved.node_paths[0]
 
     def run_guest(self, allocation: Allocation) -> GuestOutcome:
-        argv, env = guest_command("run", "--json")
+        # Different inputs every run: equal outputs could not come from a cached answer.
+        self._guest_runs += 1
+        a, b = 7 + self._guest_runs, 3 * self._guest_runs
+        argv, env = guest_command("run", "--json", "--a", str(a), "--b", str(b))
         proc = run_workload(
             allocation.cdi_devices,
             [self.dirs["cdi"]],
