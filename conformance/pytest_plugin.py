@@ -83,25 +83,39 @@ def node(request: pytest.FixtureRequest) -> Iterator[Node]:
     from conformance.targets.registry import open_target
 
     config = request.config
+    target = config.getoption("--target")
     # The two-phase host device check wraps the node's whole life: snapshot before it exists,
-    # startup verdict once it is up, final verdict after it is gone.
-    two_phase = TwoPhase("/dev/kvm")
-    two_phase.snapshot_original()
+    # startup verdict once it is up, final verdict after it is gone. On kind the cluster
+    # lifecycle runs the phases itself (startup takes the node's kvm group); an AKS node's device
+    # is not on this host, so there is nothing here to check.
+    two_phase = None if target == "aks" else TwoPhase("/dev/kvm")
+    local_phases = target in ("local", "node")
+    if two_phase is not None and local_phases:
+        two_phase.snapshot_original()
     try:
         with open_target(
-            config.getoption("--target"),
+            target,
             out_dir=run_dir(),
             worker=worker_id(config),
             plugin_cmd=config.getoption("--plugin-cmd"),
             runtime=config.getoption("--runtime"),
+            metadata=None if local_phases else two_phase,
         ) as target_node:
-            two_phase.check_startup(None)  # a local node has no udev: unchanged is the rule
+            if two_phase is not None and local_phases:
+                two_phase.check_startup(None)  # no udev on these nodes: unchanged is the rule
             yield target_node
+    except NotApplicable as exc:
+        pytest.skip(f"{Status.NOT_APPLICABLE.value}: {exc}")
+    except EnvironmentBlocked as exc:
+        pytest.skip(f"{Status.ENVIRONMENT_BLOCKED.value}: {exc}")
     finally:
-        two_phase.check_final()
-        out = run_dir() / "metadata"
-        out.mkdir(exist_ok=True)
-        (out / f"{worker_id(config)}.json").write_text(json.dumps(two_phase.summary(), indent=2))
+        if two_phase is not None:
+            if local_phases:
+                two_phase.check_final()
+            out = run_dir() / "metadata"
+            out.mkdir(exist_ok=True)
+            summary = json.dumps(two_phase.summary(), indent=2)
+            (out / f"{worker_id(config)}.json").write_text(summary)
 
 
 @pytest.fixture
@@ -252,6 +266,23 @@ def _metadata_record(out: Path) -> dict[str, Any] | None:
     return record.to_json()
 
 
+def _cluster_report(out: Path, records: dict[str, Any]) -> dict[str, Any]:
+    """kind/aks write cluster-<target>.json: its environment, and whether cleanup verified."""
+    reports = sorted(out.glob("cluster-*.json"))
+    if not reports:
+        return {}
+    data: dict[str, Any] = json.loads(reports[0].read_text())
+    if not data.get("cleanup_ok", True) and CLEANUP.id in records:
+        checks = data.get("verification", {})
+        failed = [f"{name}: {v.get('detail', '')}" for name, v in checks.items() if not v.get("ok")]
+        records[CLEANUP.id]["status"] = Status.FAILED.value
+        records[CLEANUP.id]["reason"] = "cluster cleanup not verified: " + (
+            "; ".join(failed[:5]) or "see " + reports[0].name
+        )
+    env: dict[str, Any] = data.get("environment", {})
+    return env
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if hasattr(config, "workerinput") or _RUN not in config.stash:
@@ -266,6 +297,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             records[metadata["id"]] = metadata
     # What the targets saw (image IDs, runtime inspection, guest runs), per worker.
     targets = merge_reports(out, records)
+    cluster = _cluster_report(out, records)
     order = [c.id for c in CATALOGUE] + ["metadata-two-phase", CLEANUP.id]
     checks = [
         CheckRecord(**{**r, "timeline": [TimelineEvent(**t) for t in r.get("timeline", [])]})
@@ -308,6 +340,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                 else {}
             ),
         },
-        environment={**environment.collect(), **({"targets": targets} if targets else {})},
+        environment={
+            **environment.collect(),
+            **({"targets": targets} if targets else {}),
+            **({"cluster": cluster} if cluster else {}),
+        },
         checks=checks,
     )

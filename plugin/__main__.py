@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+
+# As PID 1 in a container SIGTERM is ignored until a handler exists, and the imports below take
+# a while: a stop during start-up must still end the process at once.
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+
 import asyncio
 import contextlib
 import json
-import signal
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path

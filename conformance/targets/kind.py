@@ -82,6 +82,14 @@ class KindLifecycle(ClusterLifecycle):
         steps = [
             Step("metadata-snapshot", "setup", f"host: snapshot {o.device} metadata (phase 0)"),
             Step(
+                "kind-existing",
+                "setup",
+                f"use the existing kind cluster {name} (--existing-cluster; never deleted)",
+                argv=("kind", "export", "kubeconfig", "--name", name, "--kubeconfig", kcfg),
+                arms="kind-keep",
+            )
+            if o.existing_cluster
+            else Step(
                 "kind-create",
                 "setup",
                 f"create kind cluster {name} (kubeconfig kept apart from ~/.kube)",
@@ -114,7 +122,7 @@ class KindLifecycle(ClusterLifecycle):
             shared["delete-objects"],
             shared["node-restore"],
         ]
-        if o.keep_cluster:
+        if o.keep_cluster or o.existing_cluster:
             steps += [
                 Step(
                     "kind-keep",

@@ -37,6 +37,7 @@ class ClusterOptions:
     # kind
     cluster_name: str = "hvconform"
     keep_cluster: bool = False
+    existing_cluster: bool = False  # a cluster made by the caller (CI): used, never deleted
     kind_config: str = str(REPO_ROOT / "kind" / "cluster.yaml")
     node_image: str = "kindest/node:v1.31.0"
     # aks
