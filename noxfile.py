@@ -107,7 +107,7 @@ def workflows(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks against the seed's live figures; writes reports/bench/bench.{json,md}."""
     session.install("-e", ".[dev]")
-    session.run("hvconform", "bench", *session.posargs)
+    session.run("hvconform", "bench", "--out", "reports/bench", *session.posargs)
 
 
 @nox.session(python=PYTHON, name="conformance-kind")

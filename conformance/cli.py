@@ -123,9 +123,15 @@ def _subcommands() -> list[Register]:
     """Each further subcommand lives in its own module and adds itself (func = its runner)."""
     from conformance.manifests.cli import register as manifests_register
     from conformance.metadata_cli import register as metadata_register
+    from conformance.bench.cli import register as bench_register
     from conformance.report.cli import register as report_register
 
-    registers: list[Register] = [manifests_register, metadata_register, report_register]
+    registers: list[Register] = [
+        manifests_register,
+        metadata_register,
+        report_register,
+        bench_register,
+    ]
     return registers
 
 

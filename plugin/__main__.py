@@ -12,7 +12,6 @@ signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 import asyncio
 import contextlib
 import json
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,12 +47,9 @@ def _reconciler(cfg: Config) -> CdiReconciler | None:
 
 
 async def _wait_streams_closed(health: HealthState, deadline_s: float) -> None:
-    end = time.monotonic() + deadline_s
-    seen = health.generation
-    while health.streams > 0 and time.monotonic() < end:
-        with contextlib.suppress(TimeoutError):
-            seen = await asyncio.wait_for(health.wait_change(seen), end - time.monotonic())
-        await asyncio.sleep(0)  # let the stream handlers flush their final empty snapshot
+    """Give open streams the time to send their final empty list, bounded."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(health.no_streams.wait(), deadline_s)
 
 
 async def run(cfg: Config) -> int:

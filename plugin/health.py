@@ -32,6 +32,8 @@ class HealthState:
         self.device = Condition(False, "device not checked yet")
         self.cdi = Condition(False, "CDI spec not checked yet")
         self.streams = 0
+        self.no_streams = asyncio.Event()
+        self.no_streams.set()
         self._healthy = False
 
     @property
@@ -122,10 +124,13 @@ class HealthState:
     # Sync on purpose: called from a stream's finally block, which may run during cancellation.
     def stream_opened(self) -> None:
         self.streams += 1
+        self.no_streams.clear()
         metrics.STREAMS.set(self.streams)
         self._publish()
 
     def stream_closed(self) -> None:
         self.streams -= 1
+        if self.streams == 0:
+            self.no_streams.set()
         metrics.STREAMS.set(self.streams)
         self._publish()

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from plugin import metrics
 from plugin.cdi import CdiReconciler, CdiStatus
@@ -20,6 +21,37 @@ from plugin.health import HealthState
 from plugin.logs import log, warn
 from plugin.probe_worker import ProbeWorker
 from plugin.watch import DirWatcher, MountTableWatcher
+
+T = TypeVar("T")
+
+
+class _Flight(Generic[T]):
+    """One shared in-flight check; callers who need a result newer than their arrival get one."""
+
+    def __init__(self, run: Callable[[], Awaitable[T]]) -> None:
+        self._run = run
+        self._task: asyncio.Task[T] | None = None
+        self._seq = 0
+
+    def _start(self) -> asyncio.Task[T]:
+        self._seq += 1
+        self._task = asyncio.ensure_future(self._run())
+        return self._task
+
+    async def join(self, fresh: bool) -> T:
+        task = self._task
+        if task is not None and not task.done():
+            if not fresh:
+                return await asyncio.shield(task)
+            # Started before this caller arrived: it may have read state older than the change
+            # the caller must see (a stale spec written just before an Allocate). Wait it out
+            # (never cancelling it) and join or start a check that began after arrival.
+            seen = self._seq
+            await asyncio.wait([task])
+            if self._seq != seen and self._task is not None and not self._task.done():
+                return await asyncio.shield(self._task)
+        task = self._task if self._task is not None and not self._task.done() else self._start()
+        return await asyncio.shield(task)
 
 
 class Monitor:
@@ -38,8 +70,8 @@ class Monitor:
         self._reconciler = reconciler
         self._kind = DeviceKind(cfg.device_name)
         self._kick = asyncio.Event()
-        self._cdi_flight: asyncio.Task[CdiStatus] | None = None
-        self._device_flight: asyncio.Task[CheckResult] | None = None
+        self._cdi_flight = _Flight(self._run_cdi_check)
+        self._device_flight = _Flight(self._run_device_check)
         self._mount_watch: MountTableWatcher | None = None
         self._dir_watch: DirWatcher | None = None
         self._mount_listeners: list[Callable[[], None]] = []
@@ -52,9 +84,7 @@ class Monitor:
 
     async def check_device(self) -> CheckResult:
         """Identity and usability, shared by concurrent callers, recorded whoever waits."""
-        if self._device_flight is None or self._device_flight.done():
-            self._device_flight = asyncio.ensure_future(self._run_device_check())
-        return await asyncio.shield(self._device_flight)
+        return await self._device_flight.join(fresh=False)
 
     async def _run_device_check(self) -> CheckResult:
         started = time.monotonic()
@@ -78,13 +108,14 @@ class Monitor:
         self._health.set_device(result.ok, result.reason)
         return result
 
-    async def check_cdi(self) -> CdiStatus | None:
-        """Verify the owned spec and repair it now if needed (allocation-triggered repair)."""
+    async def check_cdi(self, fresh: bool = False) -> CdiStatus | None:
+        """Verify the owned spec and repair it now if needed (allocation-triggered repair).
+
+        `fresh`: the answer must come from a check that started after this call (Allocate).
+        """
         if self._reconciler is None:
             return None
-        if self._cdi_flight is None or self._cdi_flight.done():
-            self._cdi_flight = asyncio.ensure_future(self._run_cdi_check())
-        return await asyncio.shield(self._cdi_flight)
+        return await self._cdi_flight.join(fresh)
 
     async def _run_cdi_check(self) -> CdiStatus:
         assert self._reconciler is not None
