@@ -5,9 +5,10 @@ from __future__ import annotations
 import signal
 import sys
 
-# As PID 1 in a container SIGTERM is ignored until a handler exists, and the imports below take
-# a while: a stop during start-up must still end the process at once.
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+if __name__ == "__main__":  # `python -m plugin`; the console script goes through plugin.entry
+    from plugin.entry import exit_on_sigterm
+
+    exit_on_sigterm()
 
 import asyncio
 import contextlib
