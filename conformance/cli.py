@@ -121,9 +121,9 @@ Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], Non
 
 def _subcommands() -> list[Register]:
     """Each further subcommand lives in its own module and adds itself (func = its runner)."""
+    from conformance.bench.cli import register as bench_register
     from conformance.manifests.cli import register as manifests_register
     from conformance.metadata_cli import register as metadata_register
-    from conformance.bench.cli import register as bench_register
     from conformance.report.cli import register as report_register
 
     registers: list[Register] = [

@@ -45,7 +45,7 @@ async def read_storm(bench: Bench, plan: Plan) -> list[Figure]:
     (work / "desired").write_bytes(bench.desired)
     ready, done, out = work / "ready", work / "done", work / "reads.json"
     proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "conformance.bench.reader", str(bench.spec_path)),
+        *(sys.executable, "-m", "conformance.readstorm", str(bench.spec_path)),
         *("--accept", str(work / "stale"), "--accept", str(work / "desired")),
         *("--out", str(out), "--ready", str(ready), "--done", str(done)),
         *("--min-reads", str(plan.storm_min_reads)),

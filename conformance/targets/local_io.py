@@ -132,34 +132,43 @@ class ReaderStorm:
             self._files.append(f)
         self._out = state / f"storm-{os.getpid()}.json"
         ready = state / f"storm-{os.getpid()}.ready"
-        ready.unlink(missing_ok=True)
+        done = state / f"storm-{os.getpid()}.done"
+        for marker in (ready, done):
+            marker.unlink(missing_ok=True)
         args = [
             sys.executable,
             "-m",
-            "conformance.targets.reader",
+            "conformance.readstorm",
             str(path),
             "--out",
             str(self._out),
             "--ready",
             str(ready),
+            "--done",
+            str(done),
+            "--min-reads",
+            "1",
         ]
         for f in self._files:
             args += ["--accept", str(f)]
         self._proc = subprocess.Popen(args)
         ledger.record_process(self._proc.pid, "read storm")
         wait_for(ready.exists, 30, "read storm to start reading")
-        ready.unlink()
+        self._markers = (ready, done)
 
     def stop(self) -> ReadStats:
         self._proc.send_signal(signal.SIGTERM)
         self._proc.wait(30)
         data = json.loads(self._out.read_text())
-        for f in (*self._files, self._out):
+        for f in (*self._files, self._out, *self._markers):
             f.unlink(missing_ok=True)
+        first_seen: dict[int, float] = {}
+        for at, index in data["transitions"]:
+            first_seen.setdefault(int(index), float(at))
         return ReadStats(
             reads=data["reads"],
             errors=data["errors"],
             unexpected=data["unexpected"],
-            first_seen={int(k): float(v) for k, v in data["first_seen"].items()},
+            first_seen=first_seen,
             detail="; ".join(data["samples"]),
         )

@@ -52,7 +52,7 @@ def test_reader_classifies_reads_and_stamps_changes(tmp_path: Path) -> None:
     out, ready, done = tmp_path / "out.json", tmp_path / "ready", tmp_path / "done"
     proc = subprocess.Popen(
         [
-            *(sys.executable, "-m", "conformance.bench.reader", str(target)),
+            *(sys.executable, "-m", "conformance.readstorm", str(target)),
             *("--accept", str(good), "--accept", str(other), "--out", str(out)),
             *("--ready", str(ready), "--done", str(done), "--min-reads", "1000"),
         ]

@@ -437,7 +437,10 @@ def test_allocate_error_is_admission_error(plugin_dir: Path, faults: Faults, err
             await emu.wait_for_counts(RES, allocatable=2, timeout=10)
             out = await emu.allocate(RES, 1)
             assert (out.ok, out.phase, out.reason) == (False, PHASE_FAILED, REASON_ADMISSION)
-            assert out.message == f"Pod was rejected: Allocate failed due to {err}, which is unexpected"
+            assert (
+                out.message
+                == f"Pod was rejected: Allocate failed due to {err}, which is unexpected"
+            )
             assert len(plugin.allocate_requests) == 1  # no retry
             assert emu.allocations() == [] and emu.accounting.in_use(RES) == set()
 

@@ -105,7 +105,9 @@ def test_kind_order_of_steps_around_the_metadata_phases() -> None:
     assert "--config kind/cluster.yaml" in run["kind-create"]
     assert '--image "$KIND_NODE_IMAGE"' in run["kind-create"]
     assert run["conformance"].startswith("nox -s conformance-kind -- ")
-    assert "--existing-cluster" in run["conformance"], "the workflow makes and deletes the cluster itself"
+    assert "--existing-cluster" in run["conformance"], (
+        "the workflow makes and deletes the cluster itself"
+    )
     assert '--image "$PLUGIN_IMAGE"' in run["conformance"]
     assert actions.step_index(job, "image") < index[0], "built before the original snapshot"
     assert not workflow["env"]["PLUGIN_IMAGE"].endswith(":latest")
