@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -167,7 +168,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, message)
         metrics.ALLOCATIONS.labels(result="ok").inc()
         ids = [list(c.devices_ids) for c in request.container_requests]
-        log("allocated", devices=ids)
+        # Successes at debug: the kubelet logs every admission, and a JSON line per Allocate is
+        # measurable at high rates; refusals stay warnings.
+        log("allocated", logging.DEBUG, devices=ids)
         return pb.AllocateResponse(
             container_responses=[self._container_response() for _ in request.container_requests]
         )
