@@ -39,12 +39,11 @@ from conformance.node import (
     CAP_SOCKET_REDIRECT,
     Allocation,
     Area,
-    FileInfo,
     GuestOutcome,
     wait_for,
 )
 from conformance.results import EnvironmentBlocked
-from conformance.targets.local_io import LocalFiles, ReaderStorm, device_metadata, mount, umount
+from conformance.targets.local_io import HostFiles, device_metadata, mount, umount
 from conformance.targets.netns import free_index
 from conformance.targets.runtime import guest_command, run_workload, start_workload
 from conformance.targets.sandbox import PluginSandbox
@@ -78,7 +77,7 @@ def _check_environment() -> None:
         raise EnvironmentBlocked("/dev/kvm is not a character device")
 
 
-class LocalNode(LocalFiles):
+class LocalNode(HostFiles):
     name = "local"
     resource = RESOURCE
     spec_name = SPEC_NAME
@@ -393,15 +392,6 @@ class LocalNode(LocalFiles):
             return int(json.loads((self.guest_dir / f"{handle}.json").read_text())["counter"])
         except (OSError, ValueError, KeyError):
             return 0
-
-    def start_read_storm(self, area: Area, name: str, accepted: list[bytes]) -> ReaderStorm:
-        return ReaderStorm(self.dirs[area] / name, accepted, self.state, self.ledger)
-
-    def host_device_metadata(self) -> dict[str, int | str]:
-        return device_metadata("/dev/kvm")
-
-    def stat(self, area: Area, name: str) -> FileInfo | None:
-        return self.stat_file(area, name)
 
 
 def _net_index(worker: str) -> int:

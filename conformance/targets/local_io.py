@@ -121,6 +121,22 @@ class LocalFiles:
         tmp.replace(target)
 
 
+class HostFiles(LocalFiles):
+    """Node operations every target on this host shares (local and real node)."""
+
+    state: Path
+    ledger: Ledger
+
+    def stat(self, area: Area, name: str) -> FileInfo | None:
+        return self.stat_file(area, name)
+
+    def start_read_storm(self, area: Area, name: str, accepted: list[bytes]) -> ReaderStorm:
+        return ReaderStorm(self.dirs[area] / name, accepted, self.state, self.ledger)
+
+    def host_device_metadata(self) -> dict[str, int | str]:
+        return device_metadata("/dev/kvm")
+
+
 class ReaderStorm:
     """A separate reader process (no shared GIL with the harness) hammering one file."""
 

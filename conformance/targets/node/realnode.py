@@ -37,12 +37,11 @@ from conformance.node import (
     CAP_READ_STORM,
     Allocation,
     Area,
-    FileInfo,
     GuestOutcome,
     wait_for,
 )
 from conformance.results import EnvironmentBlocked
-from conformance.targets.local_io import LocalFiles, ReaderStorm, device_metadata, mount, umount
+from conformance.targets.local_io import HostFiles, device_metadata, mount, umount
 from conformance.targets.node import (
     BIN,
     CDI_DIR,
@@ -70,7 +69,7 @@ _REGISTERED = re.compile(
 )
 
 
-class RealNode(LocalFiles):
+class RealNode(HostFiles):
     name = "node"
     resource = RESOURCE
     spec_name = SPEC_NAME
@@ -180,9 +179,6 @@ class RealNode(LocalFiles):
             for mp in (target, staging):
                 umount(mp)
                 self._ro_mounts.remove(mp)
-
-    def stat(self, area: Area, name: str) -> FileInfo | None:
-        return self.stat_file(area, name)
 
     # -- the plugin -------------------------------------------------------------------------
 
@@ -362,9 +358,3 @@ class RealNode(LocalFiles):
             return int(json.loads((self.state / f"{handle}.json").read_text())["counter"])
         except (OSError, ValueError, KeyError):
             return 0
-
-    def start_read_storm(self, area: Area, name: str, accepted: list[bytes]) -> ReaderStorm:
-        return ReaderStorm(self.dirs[area] / name, accepted, self.state, self.ledger)
-
-    def host_device_metadata(self) -> dict[str, int | str]:
-        return device_metadata("/dev/kvm")
