@@ -40,8 +40,9 @@ def registration_failure(node: Node, rec: Recorder) -> None:
         assert node.plugin_live(), "liveness must stay true while the kubelet is unreachable"
         assert not node.plugin_ready(), "ready without a kubelet to register with"
     finally:
+        # Taken before the restore starts: a fast plugin may register before the call returns.
+        restored = time.monotonic()
         node.redirect_plugin_sockets(empty=False)
-    restored = time.monotonic()
     t1 = rec.event("kubelet socket dir restored", restored)
     wait_for(
         lambda: (node.last_registration_at() or 0.0) > restored,

@@ -19,7 +19,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -304,8 +303,13 @@ class LocalNode(HostFiles):
         return self.kubelet
 
     def restart_kubelet(self, graceful: bool) -> float:
-        self._kubelet().restart(graceful)
-        return time.monotonic()
+        kubelet = self._kubelet()
+        kubelet.restart(graceful)
+        # The kubelet's own "listening" time, not the moment this thread got control back: on a
+        # busy machine the plugin may register before then, and that registration must count.
+        started = kubelet.emulator.started_at
+        assert started is not None, "the emulator restarted but recorded no start time"
+        return started
 
     def last_registration_at(self) -> float | None:
         ok = [r.t for r in self._kubelet().registrations(RESOURCE) if r.ok]
