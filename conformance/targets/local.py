@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from conformance.guest.cdi_resolve import resolve
 from conformance.kubelet import ThreadedKubeletEmulator
-from conformance.ledger import Ledger
 from conformance.node import (
     CAP_DEVICE_REMAP,
     CAP_DEVICE_VIEW,
@@ -51,18 +48,6 @@ RESOURCE = "hyperlight.dev/hypervisor"
 SPEC_NAME = "hyperlight.json"
 HEALTH_PORT = 8080
 SETUP_TIMEOUT_S = 60.0
-SENTINELS = {
-    "zz-unrelated-vendor.json": json.dumps(
-        {
-            "cdiVersion": "0.5.0",
-            "kind": "example.com/sentinel",
-            "devices": [{"name": "s0", "containerEdits": {"env": ["SENTINEL=1"]}}],
-        },
-        indent=2,
-    ).encode()
-    + b"\n",
-    "aa-operator-notes.yaml": b"# owned by the operator, never by the plugin\nkeep: true\n",
-}
 
 
 def _check_environment() -> None:
@@ -96,16 +81,7 @@ class LocalNode(HostFiles):
     )
 
     def __init__(self, *, out_dir: Path, worker: str, plugin_cmd: str) -> None:
-        self.out_dir = out_dir
-        self.worker = worker
-        self.plugin_cmd = (
-            shlex.split(plugin_cmd) if plugin_cmd else [sys.executable, "-m", "plugin"]
-        )
-        self.ledger = Ledger(out_dir / "ledger" / f"{worker}.jsonl", owner=worker)
-        self.baseline_spec = b""
-        self.sentinels = dict(SENTINELS)
-        self.host_metadata_at_start: dict[str, int | str] = {}
-        self.session_guest: str | None = None
+        self._init_host_node(out_dir, worker, plugin_cmd)
         self._mounts: list[Path] = []
         self._guests: dict[str, subprocess.Popen[bytes]] = {}
         self._guest_runs = 0

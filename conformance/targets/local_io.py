@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import stat
 import subprocess
@@ -121,11 +122,38 @@ class LocalFiles:
         tmp.replace(target)
 
 
+# Unrelated CDI files planted on every node: preservation proves they stay byte-identical.
+SENTINELS = {
+    "zz-unrelated-vendor.json": json.dumps(
+        {
+            "cdiVersion": "0.5.0",
+            "kind": "example.com/sentinel",
+            "devices": [{"name": "s0", "containerEdits": {"env": ["SENTINEL=1"]}}],
+        },
+        indent=2,
+    ).encode()
+    + b"\n",
+    "aa-operator-notes.yaml": b"# owned by the operator, never by the plugin\nkeep: true\n",
+}
+
+
 class HostFiles(LocalFiles):
-    """Node operations every target on this host shares (local and real node)."""
+    """Node state and operations every target on this host shares (local and real node)."""
 
     state: Path
     ledger: Ledger
+
+    def _init_host_node(self, out_dir: Path, worker: str, plugin_cmd: str) -> None:
+        self.out_dir = out_dir
+        self.worker = worker
+        self.plugin_cmd = (
+            shlex.split(plugin_cmd) if plugin_cmd else [sys.executable, "-m", "plugin"]
+        )
+        self.ledger = Ledger(out_dir / "ledger" / f"{worker}.jsonl", owner=worker)
+        self.baseline_spec = b""
+        self.sentinels = dict(SENTINELS)
+        self.host_metadata_at_start: dict[str, int | str] = {}
+        self.session_guest: str | None = None
 
     def stat(self, area: Area, name: str) -> FileInfo | None:
         return self.stat_file(area, name)

@@ -14,10 +14,8 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import shlex
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -25,7 +23,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from conformance.ledger import Ledger
 from conformance.node import (
     CAP_DEVICE_VIEW,
     CAP_GUEST,
@@ -59,11 +56,6 @@ RESOURCE = "hyperlight.dev/hypervisor"
 SPEC_NAME = "hyperlight.json"
 SETUP_TIMEOUT_S = 90.0
 POD_TIMEOUT_S = 60.0
-SENTINELS = {
-    "zz-unrelated-vendor.json": b'{"cdiVersion": "0.5.0", "kind": "example.com/sentinel", '
-    b'"devices": [{"name": "s0", "containerEdits": {"env": ["SENTINEL=1"]}}]}\n',
-    "aa-operator-notes.yaml": b"# owned by the operator, never by the plugin\nkeep: true\n",
-}
 _REGISTERED = re.compile(
     r"^I(\d{4} \d{2}:\d{2}:\d{2}\.\d+).*Got registration request from device plugin"
 )
@@ -88,16 +80,7 @@ class RealNode(HostFiles):
 
     def __init__(self, *, out_dir: Path, worker: str, plugin_cmd: str) -> None:
         super().__init__(CDI_DIR, HOST_DEV)
-        self.out_dir = out_dir
-        self.worker = worker
-        self.plugin_cmd = (
-            shlex.split(plugin_cmd) if plugin_cmd else [sys.executable, "-m", "plugin"]
-        )
-        self.ledger = Ledger(out_dir / "ledger" / f"{worker}.jsonl", owner=worker)
-        self.baseline_spec = b""
-        self.sentinels = dict(SENTINELS)
-        self.host_metadata_at_start: dict[str, int | str] = {}
-        self.session_guest: str | None = None
+        self._init_host_node(out_dir, worker, plugin_cmd)
         self.api: Api | None = None
         self.podresources = PodResources()
         self._own_stack = False
