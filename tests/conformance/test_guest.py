@@ -36,6 +36,7 @@ from conformance.guest.kvm_guest import (
     run_counter,
     run_guest,
 )
+from tests.conformance.process_guard import children, no_leftover_processes  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 KVM = "/dev/kvm"
@@ -47,28 +48,8 @@ kvm_usable = pytest.mark.skipif(
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, chown, setuid)")
 
 
-def _children() -> set[int]:
-    """PIDs whose parent is this process (from /proc/*/stat)."""
-    kids: set[int] = set()
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat_file.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == os.getpid():
-            kids.add(int(stat_file.parent.name))
-    return kids
-
-
 def _fd_count() -> int:
     return len(list(Path("/proc/self/fd").iterdir()))
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_processes() -> Iterator[None]:
-    before = _children()
-    yield
-    assert _children() - before == set(), "a test left child processes behind"
 
 
 @pytest.fixture

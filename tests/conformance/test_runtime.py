@@ -27,6 +27,7 @@ from conformance.targets.runtime import (
     start_workload,
     workload_python,
 )
+from tests.conformance.process_guard import children, no_leftover_processes  # noqa: F401
 
 KVM = Path("/dev/kvm")
 NAME = "hyperlight.dev/hypervisor=kvm"
@@ -80,24 +81,6 @@ env = dict(item.split("=", 1) for item in raw if "=" in item)
 print(json.dumps({"nodes": nodes, "env": env, "status": status,
                   "links": [name for _, name in socket.if_nameindex()]}))
 """
-
-
-def _children() -> set[int]:
-    kids = set()
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat_file.read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
-                kids.add(int(stat_file.parent.name))
-        except (OSError, IndexError):
-            continue
-    return kids
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_processes() -> Iterator[None]:
-    before = _children()
-    yield
-    assert _children() - before == set(), "a test left child processes behind"
 
 
 @pytest.fixture(autouse=True)
@@ -210,11 +193,11 @@ def test_guest_fails_without_the_cdi_device(spec_dir: Path, python: str) -> None
 
 
 def test_unresolvable_name_fails_like_a_runtime(spec_dir: Path, python: str) -> None:
-    children = _children()
+    before = children()
     with pytest.raises(UnresolvableCDIDevice) as info:
         run_workload(["hyperlight.dev/hypervisor=mshv"], [spec_dir], [python, "-c", "0"])
     assert str(info.value) == "unresolvable CDI devices hyperlight.dev/hypervisor=mshv"
-    assert _children() == children, "nothing may start for an unresolvable device"
+    assert children() == before, "nothing may start for an unresolvable device"
 
 
 def test_start_errors_say_the_workload_never_ran(tmp_path: Path) -> None:

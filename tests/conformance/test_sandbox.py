@@ -26,6 +26,7 @@ from conformance.targets.netns import (
     worker_index,
 )
 from conformance.targets.sandbox import PluginSandbox
+from tests.conformance.process_guard import children, no_leftover_processes  # noqa: F401
 
 KVM = "/dev/kvm"
 KVM_PATH = Path(KVM)
@@ -79,24 +80,6 @@ print("plugin caps", json.dumps(caps), file=sys.stderr, flush=True)
 http.server.HTTPServer(("0.0.0.0", port), Handler).serve_forever()
 """
 BASE = {"null": (1, 3), "zero": (1, 5), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
-
-
-def _children() -> set[int]:
-    kids = set()
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat_file.read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
-                kids.add(int(stat_file.parent.name))
-        except (OSError, IndexError):
-            continue
-    return kids
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_processes() -> Iterator[None]:
-    before = _children()
-    yield
-    assert _children() - before == set(), "a test left child processes behind"
 
 
 @pytest.fixture
