@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import stat
 from collections.abc import Mapping, Sequence
@@ -12,6 +13,8 @@ from pathlib import Path
 ALLOWED_DEVICES = ("/dev/kvm", "/dev/mshv")
 HYPERVISOR_RESOURCE = "hyperlight.dev/hypervisor"
 DEVICE_ACCESS_RESOURCE = "hyperlight.dev/device-access"
+DEFAULT_PROBE_MAX_AGE_S = 0.02
+MAX_PROBE_AGE_S = 1.0
 CDI_VERSIONS = ("0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
 
 
@@ -33,6 +36,7 @@ class Config:
     device_gid: int
     host_dev_dir: Path | None
     probe_timeout_s: float
+    probe_max_age_s: float
     recheck_interval_s: float
     health_addr: str
     register_attempts: int
@@ -41,7 +45,7 @@ class Config:
     register_attempt_timeout_s: float
     log_level: str
 
-    @property
+    @functools.cached_property
     def device_name(self) -> str:
         return Path(self.hypervisor_device).name
 
@@ -98,6 +102,13 @@ _OPTIONS: tuple[_Opt, ...] = (
         "(empty: identity is checked on the device path alone)",
     ),
     _Opt("probe-timeout", "2.0", "deadline in seconds of one device usability probe"),
+    _Opt(
+        "probe-max-age",
+        f"{DEFAULT_PROBE_MAX_AGE_S:g}",
+        "seconds: an Allocate may be answered by a passed probe that started at most this "
+        "long before it arrived (bursts share one KVM_CREATE_VM); a host /dev or mount-table "
+        "event voids it at once; 0 probes for every Allocate or joins the probe in flight",
+    ),
     _Opt(
         "recheck-interval",
         "5.0",
@@ -204,6 +215,9 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
     filename = str(ns.cdi_filename)
     if "/" in filename or not filename.endswith((".json", ".yaml")) or filename.startswith("."):
         raise ConfigError(f"--cdi-filename {filename!r} must be a plain *.json or *.yaml name")
+    # Beyond a second the "probe before every allocation" promise would no longer hold.
+    if _number(ns.probe_max_age, "probe-max-age", float, 0.0) > MAX_PROBE_AGE_S:
+        raise ConfigError(f"--probe-max-age: {ns.probe_max_age} is above the maximum 1.0")
     if str(ns.log_level).lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"--log-level {ns.log_level!r}: use debug, info, warning or error")
     for flag in ("device-plugin-dir", "cdi-dir"):
@@ -229,6 +243,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
         device_gid=int(_number(ns.device_gid, "device-gid", int, 0)),
         host_dev_dir=host_dev_dir,
         probe_timeout_s=_number(ns.probe_timeout, "probe-timeout", float, 0.05),
+        probe_max_age_s=_number(ns.probe_max_age, "probe-max-age", float, 0.0),
         recheck_interval_s=_number(ns.recheck_interval, "recheck-interval", float, 0.1),
         health_addr=str(ns.health_addr),
         register_attempts=int(_number(ns.register_attempts, "register-attempts", int, 1)),

@@ -75,6 +75,9 @@ class Monitor:
         self._mount_watch: MountTableWatcher | None = None
         self._dir_watch: DirWatcher | None = None
         self._mount_listeners: list[Callable[[], None]] = []
+        # Start time of the latest passed device check, and when watch events last voided it.
+        self._passed_started: float | None = None
+        self._voided_at = 0.0
 
     def add_mount_listener(self, listener: Callable[[], None]) -> None:
         """Also tell `listener` (on the event loop) when the mount table changes."""
@@ -85,6 +88,42 @@ class Monitor:
     async def check_device(self) -> CheckResult:
         """Identity and usability, shared by concurrent callers, recorded whoever waits."""
         return await self._device_flight.join(fresh=False)
+
+    async def verify_for_allocate(self) -> None:
+        """Allocate's re-verification: the CDI spec read after arrival (repaired now if it is
+        not right) and a device check that started at most --probe-max-age before arrival.
+
+        The common case awaits nothing: a read and compare of the spec, and a recent pass.
+        """
+        arrived = time.monotonic()
+        waits: list[Awaitable[object]] = []
+        if not self._cdi_desired_now():
+            waits.append(self.check_cdi(fresh=True))
+        if not self._recent_pass(arrived):
+            waits.append(self.check_device())
+        if waits:
+            await asyncio.gather(*waits)
+
+    def _cdi_desired_now(self) -> bool:
+        if self._reconciler is None:
+            return True
+        ok = self._reconciler.inspect().ok
+        if ok:
+            self._health.set_cdi(True, "")
+        return ok
+
+    def _recent_pass(self, arrived: float) -> bool:
+        started = self._passed_started
+        return (
+            started is not None
+            and started >= self._voided_at
+            and arrived - started < self._cfg.probe_max_age_s
+            and self._health.device.ok
+        )
+
+    def _void_passes(self) -> None:
+        """A host /dev or mount-table change: no Allocate may lean on an earlier probe."""
+        self._voided_at = time.monotonic()
 
     async def _run_device_check(self) -> CheckResult:
         started = time.monotonic()
@@ -106,6 +145,10 @@ class Monitor:
         if not result.ok and self._health.device.ok:
             warn("device_check_failed", device=self._cfg.hypervisor_device, reason=result.reason)
         self._health.set_device(result.ok, result.reason)
+        if result.ok:
+            self._passed_started = started
+        elif self._passed_started is not None and self._passed_started <= started:
+            self._passed_started = None
         return result
 
     async def check_cdi(self, fresh: bool = False) -> CdiStatus | None:
@@ -147,11 +190,14 @@ class Monitor:
 
     # -- triggers -----------------------------------------------------------------------
 
-    def _on_dir_event(self, _dir: Path, _name: str) -> None:
+    def _on_dir_event(self, where: Path, _name: str) -> None:
+        if self._reconciler is None or where != self._cfg.cdi_dir:
+            self._void_passes()
         self._kick.set()
 
     def _on_mount_change(self, loop: asyncio.AbstractEventLoop) -> None:
         def both() -> None:
+            self._void_passes()
             self._kick.set()
             if self._dir_watch is not None:
                 self._dir_watch.rewatch()

@@ -40,7 +40,7 @@ DEFAULT_TIMEOUT_S = 2.0
 REAP_GRACE_S = 5.0
 MAX_LINE_BYTES = 64 * 1024
 
-PROBES: Mapping[str, Callable[[int], CheckResult]] = {
+PROBES: Mapping[str, Callable[[int, Callable[[int], None]], CheckResult]] = {
     DeviceKind.KVM.value: probe_kvm,
     DeviceKind.MSHV.value: probe_mshv,
 }
@@ -49,8 +49,12 @@ PROBES: Mapping[str, Callable[[int], CheckResult]] = {
 # --- helper side -------------------------------------------------------------------------------
 
 
-def run_request(request: Mapping[str, Any], test_mode: bool) -> CheckResult:
-    """Identity then usability for one request, on the very fd that passed identity."""
+def run_request(
+    request: Mapping[str, Any], test_mode: bool, release: Callable[[int], None] = os.close
+) -> CheckResult:
+    """Identity then usability for one request, on the very fd that passed identity.
+
+    `release` gets the fd of the VM or partition the probe created."""
     started = time.monotonic()
     kind = request.get("kind")
     device_path = request.get("device_path")
@@ -68,14 +72,20 @@ def run_request(request: Mapping[str, Any], test_mode: bool) -> CheckResult:
     except DeviceCheckError as exc:
         return CheckResult.failed(exc.reason, started)
     try:
-        result = probe(fd)
+        result = probe(fd, release)
     finally:
         os.close(fd)
     return CheckResult(result.ok, result.reason, time.monotonic() - started)
 
 
 def serve(requests: IO[bytes], responses: IO[bytes], test_mode: bool) -> int:
-    """Answer requests until end of input; one bad request never ends the loop."""
+    """Answer requests until end of input; one bad request never ends the loop.
+
+    A probe's VM or partition is closed right after its answer is written, before the next
+    request is read: destroying a VM costs the kernel more than creating it (0.6 vs 0.4 ms
+    here), and the answer is already known once the ioctl succeeded.
+    """
+    created: list[int] = []
     while line := requests.readline():
         started = time.monotonic()
         request_id: object = None
@@ -84,7 +94,7 @@ def serve(requests: IO[bytes], responses: IO[bytes], test_mode: bool) -> int:
             if not isinstance(request, dict):
                 raise TypeError("request is not a JSON object")
             request_id = request.get("id")
-            result = run_request(request, test_mode)
+            result = run_request(request, test_mode, created.append)
         except Exception as exc:  # report, do not die: the parent would only respawn us
             result = CheckResult.failed(f"probe helper error: {type(exc).__name__}: {exc}", started)
         response = {
@@ -93,8 +103,13 @@ def serve(requests: IO[bytes], responses: IO[bytes], test_mode: bool) -> int:
             "reason": result.reason,
             "duration_s": result.duration_s,
         }
-        responses.write(json.dumps(response).encode() + b"\n")
-        responses.flush()
+        try:
+            responses.write(json.dumps(response).encode() + b"\n")
+            responses.flush()
+        finally:
+            while created:
+                with contextlib.suppress(OSError):
+                    os.close(created.pop())
     return 0
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 
@@ -52,6 +51,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._known = frozenset(self._ids)
         self._cdi_name = f"{cfg.resource_name}={cfg.device_name}"
         self._snapshots: dict[bool, pb.ListAndWatchResponse] = {}
+        # The answer is the same for every allocation: built once, serialised per call.
+        self._answers: dict[int, pb.AllocateResponse] = {}
 
     def _snapshot(self) -> pb.ListAndWatchResponse:
         # Built once per health state and shared by every stream: 100 streams of 2000 devices
@@ -157,9 +158,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             metrics.ALLOCATIONS.labels(result="invalid_argument").inc()
             warn("allocate_refused", code="INVALID_ARGUMENT", reason=invalid)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid)
-        # Re-verify on every allocation: repair the spec and prove the device usable, at once
-        # (independent; concurrent Allocates share both in-flight checks).
-        await asyncio.gather(self._monitor.check_cdi(fresh=True), self._monitor.check_device())
+        # Re-verify on every allocation: the spec (repaired now if needed) and the device.
+        await self._monitor.verify_for_allocate()
         reasons = self._health.readiness_reasons()
         if reasons:
             message = "not ready: " + "; ".join(reasons)
@@ -171,6 +171,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         # Successes at debug: the kubelet logs every admission, and a JSON line per Allocate is
         # measurable at high rates; refusals stay warnings.
         log("allocated", logging.DEBUG, devices=ids)
-        return pb.AllocateResponse(
-            container_responses=[self._container_response() for _ in request.container_requests]
-        )
+        count = len(request.container_requests)
+        answer = self._answers.get(count)
+        if answer is None:
+            answer = pb.AllocateResponse(
+                container_responses=[self._container_response() for _ in range(count)]
+            )
+            if count <= 8:  # kubelet sends one; never let a caller grow this cache unboundedly
+                self._answers[count] = answer
+        return answer

@@ -50,6 +50,8 @@ class Plan:
     stream_counts: tuple[int, ...] = (1, 10, 100)
     alloc_requests: tuple[tuple[int, int], ...] = ((1, 2000), (16, 8000))
     alloc_warmup: int = 100
+    alloc_isolated: int = 200  # one at a time, spaced beyond --probe-max-age: each one probes
+    alloc_isolated_gap_s: float = 0.05
     storm_min_reads: int = 100_000
     storm_min_cycles: int = 30
     storm_min_s: float = 5.0  # long enough for several whole-second read rates
@@ -69,6 +71,7 @@ QUICK = Plan(
     restarts=5,
     health_samples=5,
     alloc_requests=((1, 300), (16, 1000)),
+    alloc_isolated=30,
     storm_min_reads=20_000,
     storm_min_cycles=10,
     storm_min_s=2.0,

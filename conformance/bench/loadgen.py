@@ -32,7 +32,7 @@ def _request(i: int, slots: int) -> pb.AllocateRequest:
 
 
 async def run(
-    socket: str, concurrency: int, requests: int, warmup: int, slots: int
+    socket: str, concurrency: int, requests: int, warmup: int, slots: int, interval: float = 0.0
 ) -> dict[str, object]:
     async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
         try:
@@ -61,6 +61,8 @@ async def run(
                 t1 = time.perf_counter()
                 latencies.append(t1 - t0)
                 finished.append(t1 - started)
+                if interval:  # pacing, not synchronisation: the kubelet's admissions are apart
+                    await asyncio.sleep(interval)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - started
@@ -82,9 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--slots", type=int, default=2000)
+    parser.add_argument(
+        "--interval", type=float, default=0.0, help="seconds each worker waits between calls"
+    )
     parser.add_argument("--out", required=True)
     ns = parser.parse_args(argv)
-    result = asyncio.run(run(ns.socket, ns.concurrency, ns.requests, ns.warmup, ns.slots))
+    result = asyncio.run(
+        run(ns.socket, ns.concurrency, ns.requests, ns.warmup, ns.slots, ns.interval)
+    )
     tmp = Path(ns.out + ".tmp")
     tmp.write_text(json.dumps(result))
     tmp.replace(ns.out)

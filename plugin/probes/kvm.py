@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections.abc import Callable
 
 from plugin.device import CheckResult, describe_oserror
 from plugin.probes import IO, is_new_fd, open_fds
@@ -22,10 +23,11 @@ KVM_API_VERSION = 12
 KVM_VM_TYPE_DEFAULT = 0
 
 
-def probe_kvm(fd: int) -> CheckResult:
+def probe_kvm(fd: int, release: Callable[[int], None] = os.close) -> CheckResult:
     """Check that `fd` is a usable KVM device: API version 12 and KVM_CREATE_VM succeeds.
 
-    The VM fd is closed at once: no memory, no vCPUs. The caller owns `fd`.
+    No memory, no vCPUs; the VM fd goes to `release` (os.close: closed at once). The caller
+    owns `fd`.
     """
     started = time.monotonic()
     try:
@@ -44,5 +46,5 @@ def probe_kvm(fd: int) -> CheckResult:
         return CheckResult.failed(f"KVM_CREATE_VM failed: {describe_oserror(exc)}", started)
     if not is_new_fd(vm_fd, before):
         return CheckResult.failed(f"KVM_CREATE_VM returned {vm_fd}, not a new VM fd", started)
-    os.close(vm_fd)
+    release(vm_fd)
     return CheckResult.passed(started)

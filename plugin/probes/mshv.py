@@ -30,6 +30,7 @@ import fcntl
 import os
 import struct
 import time
+from collections.abc import Callable
 
 from plugin.device import CheckResult, describe_oserror
 from plugin.probes import IOW, is_new_fd, open_fds
@@ -58,10 +59,10 @@ def create_partition_args(
     return struct.pack(CREATE_PARTITION_FORMAT, pt_flags, pt_isolation)
 
 
-def probe_mshv(fd: int) -> CheckResult:
+def probe_mshv(fd: int, release: Callable[[int], None] = os.close) -> CheckResult:
     """Check that `fd` is a usable MSHV device by creating and closing one partition.
 
-    The caller owns `fd`; the partition fd is closed before returning.
+    The caller owns `fd`; the partition fd goes to `release` (os.close: before returning).
     """
     started = time.monotonic()
     # A mutable buffer makes fcntl.ioctl return the call's result (the new fd), not the bytes.
@@ -75,5 +76,5 @@ def probe_mshv(fd: int) -> CheckResult:
         return CheckResult.failed(
             f"MSHV_CREATE_PARTITION returned {partition_fd}, not a new partition fd", started
         )
-    os.close(partition_fd)
+    release(partition_fd)
     return CheckResult.passed(started)

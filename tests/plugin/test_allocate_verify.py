@@ -1,0 +1,182 @@
+"""Allocate's re-verification (Monitor.verify_for_allocate) on real parts: the probe helper on
+/dev/kvm, a mknod'ed host view, the CDI reconciler on a real directory.
+
+Probes are counted by the helper's request ids, which increase by one per exchange.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from plugin.cdi import CdiReconciler
+from plugin.cdi_spec import desired_spec
+from plugin.config import ConfigError, parse_config
+from plugin.health import HealthState
+from plugin.monitor import Monitor
+from plugin.probe_worker import ProbeWorker
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/dev/kvm"), reason="needs /dev/kvm")
+
+KVM_RDEV = os.stat("/dev/kvm").st_rdev if os.path.exists("/dev/kvm") else 0
+
+
+@dataclass
+class Rig:
+    monitor: Monitor
+    worker: ProbeWorker
+    health: HealthState
+    reconciler: CdiReconciler
+    host_dev: Path
+    cdi_dir: Path
+
+    @property
+    def probes(self) -> int:
+        return self.worker._next_id  # one id per request sent to the helper
+
+    def remove_device(self) -> None:
+        (self.host_dev / "kvm").unlink()
+
+    def restore_device(self) -> None:
+        os.mknod(self.host_dev / "kvm", 0o600 | stat.S_IFCHR, KVM_RDEV)
+
+
+def _rig_factory(tmp_path: Path, max_age: str) -> Rig:
+    host_dev, cdi_dir, plugins = tmp_path / "dev", tmp_path / "cdi", tmp_path / "dp"
+    for d in (host_dev, cdi_dir, plugins):
+        d.mkdir()
+    cfg = parse_config(
+        [
+            *("--host-dev-dir", str(host_dev), "--cdi-dir", str(cdi_dir)),
+            *("--device-plugin-dir", str(plugins), "--probe-max-age", max_age),
+        ]
+    )
+    health = HealthState()
+    worker = ProbeWorker(timeout_s=cfg.probe_timeout_s)
+    desired = desired_spec(
+        kind_name=cfg.resource_name, device_name="kvm", device_path="/dev/kvm", uid=65534, gid=65534
+    )
+    reconciler = CdiReconciler(cdi_dir, cfg.cdi_filename, desired)
+    rig = Rig(
+        Monitor(cfg, health, worker, reconciler), worker, health, reconciler, host_dev, cdi_dir
+    )
+    rig.restore_device()
+    return rig
+
+
+@contextlib.asynccontextmanager
+async def _running(tmp_path: Path, max_age: str) -> AsyncIterator[Rig]:
+    rig = _rig_factory(tmp_path, max_age)
+    async with rig.worker:
+        await rig.monitor.check_all()
+        assert rig.health.healthy, rig.health.readiness_reasons()
+        yield rig
+
+
+Body = Callable[[Rig], Awaitable[None]]
+
+
+@pytest.fixture
+def long_window(tmp_path: Path) -> Callable[[Body], None]:
+    """Runs a test body against a monitor whose window is a full second: every verify of a
+    test lands inside it, however slow the machine."""
+
+    def run(body: Body) -> None:
+        async def main() -> None:
+            async with _running(tmp_path, "1.0") as rig:
+                await body(rig)
+
+        asyncio.run(main())
+
+    return run
+
+
+def test_a_recent_pass_answers_a_burst_with_one_probe(long_window: Callable[[Body], None]) -> None:
+    async def body(rig: Rig) -> None:
+        before = rig.probes
+        await asyncio.gather(*(rig.monitor.verify_for_allocate() for _ in range(16)))
+        for _ in range(10):
+            await rig.monitor.verify_for_allocate()
+        assert rig.probes == before, "a pass younger than --probe-max-age is reused"
+
+    long_window(body)
+
+
+def test_a_host_dev_event_voids_the_pass(long_window: Callable[[Body], None]) -> None:
+    async def body(rig: Rig) -> None:
+        before = rig.probes
+        rig.monitor._on_dir_event(rig.host_dev, "kvm")
+        await rig.monitor.verify_for_allocate()
+        assert rig.probes == before + 1, "after a host /dev event the next Allocate probes"
+
+    long_window(body)
+
+
+def test_own_cdi_dir_events_do_not_void_the_pass(long_window: Callable[[Body], None]) -> None:
+    async def body(rig: Rig) -> None:
+        before = rig.probes
+        rig.monitor._on_dir_event(rig.cdi_dir, "hyperlight.json")
+        await rig.monitor.verify_for_allocate()
+        assert rig.probes == before
+
+    long_window(body)
+
+
+def test_a_removed_device_is_caught_by_the_next_allocate(
+    long_window: Callable[[Body], None],
+) -> None:
+    async def body(rig: Rig) -> None:
+        rig.remove_device()
+        rig.monitor._on_dir_event(rig.host_dev, "kvm")
+        await rig.monitor.verify_for_allocate()
+        assert not rig.health.device.ok
+        assert rig.health.readiness_reasons(), "the Allocate must be refused"
+        # A failure is never reused: each further Allocate probes again until one passes.
+        before = rig.probes
+        await rig.monitor.verify_for_allocate()
+        assert rig.probes == before + 1
+        rig.restore_device()
+        await rig.monitor.verify_for_allocate()
+        assert rig.health.device.ok
+
+    long_window(body)
+
+
+def test_a_stale_spec_is_repaired_before_the_answer(long_window: Callable[[Body], None]) -> None:
+    async def body(rig: Rig) -> None:
+        spec = rig.cdi_dir / "hyperlight.json"
+        spec.write_bytes(rig.reconciler.desired.replace(b"65534", b"65533"))
+        await rig.monitor.verify_for_allocate()
+        assert spec.read_bytes() == rig.reconciler.desired
+        assert rig.health.cdi.ok
+
+    long_window(body)
+
+
+def test_max_age_zero_probes_for_every_allocate(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with _running(tmp_path, "0") as rig:
+            before = rig.probes
+            for _ in range(5):
+                await rig.monitor.verify_for_allocate()
+            assert rig.probes == before + 5
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("value", "message"), [("-0.1", "below the minimum"), ("1.5", "above")])
+def test_probe_max_age_is_bounded(tmp_path: Path, value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(["--probe-max-age", value, "--cdi-dir", str(tmp_path)])
+
+
+def test_probe_max_age_default_and_env() -> None:
+    assert parse_config([]).probe_max_age_s == pytest.approx(0.02)
+    assert parse_config([], {"HV_PROBE_MAX_AGE": "0"}).probe_max_age_s == 0.0
