@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from conformance.targets.plan import ClusterOptions
-from tests.targets.fakes import CONTRACTS, FakeKube, install_fakes, load_rules, read_log
+from tests.targets.fake_kube import FakeKube
+from tests.targets.fakes import CONTRACTS, install_fakes, load_rules, read_log
 
 RUN_ID = "c0ffee01"
 

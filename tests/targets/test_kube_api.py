@@ -10,7 +10,8 @@ import pytest
 
 from conformance.targets.deploy import blocked_by_policy
 from conformance.targets.kube import ApiError, KubeApi, plural, resource_path
-from tests.targets.fakes import CONTRACTS, FakeKube, load_rules
+from tests.targets.fake_kube import FakeKube
+from tests.targets.fakes import CONTRACTS, load_rules
 
 
 @pytest.fixture
