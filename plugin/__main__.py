@@ -13,13 +13,14 @@ if __name__ == "__main__":  # `python -m plugin`; the console script goes throug
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from plugin import __version__, logs
+from plugin import __version__, logs, shutdown
 from plugin.cdi import CdiReconciler
 from plugin.cdi_spec import desired_spec
 from plugin.config import Config, ConfigError, env_name, parse_config
@@ -31,6 +32,7 @@ from plugin.registration import Registrar
 from plugin.server import DevicePluginServicer
 
 SHUTDOWN_FLUSH_S = 2.0
+EXIT_UNCLEAN_STOP = 3
 
 
 def _reconciler(cfg: Config) -> CdiReconciler | None:
@@ -50,7 +52,8 @@ def _reconciler(cfg: Config) -> CdiReconciler | None:
 async def _wait_streams_closed(health: HealthState, deadline_s: float) -> None:
     """Give open streams the time to send their final empty list, bounded."""
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(health.no_streams.wait(), deadline_s)
+        async with asyncio.timeout(deadline_s):
+            await health.no_streams.wait()
 
 
 async def run(cfg: Config) -> int:
@@ -95,17 +98,19 @@ async def run(cfg: Config) -> int:
         await _wait_streams_closed(health, SHUTDOWN_FLUSH_S)
         return 0
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await registrar.stop()
+        clean = await shutdown.cancel_tasks(tasks)
+        clean &= await shutdown.step("stop the gRPC server", registrar.stop())
         if worker is not None:
-            await worker.close()
+            clean &= await shutdown.step("stop the probe helper", worker.close())
         if http is not None:
-            await http.close()
-        logs.log("stopped")
+            clean &= await shutdown.step("stop the HTTP endpoints", http.close())
+        logs.log("stopped", clean=clean)
+        if not clean:
+            # Every resource was released above; what is left is a task that ignored its
+            # cancel, and asyncio.run would wait on it forever. Exit non-zero instead.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_UNCLEAN_STOP)
 
 
 def probe_main(argv: Sequence[str]) -> int:

@@ -18,6 +18,8 @@ from plugin.logs import log
 
 LIVENESS_SERVICE = "liveness"
 READINESS_SERVICE = ""
+# The whole request head, not each line: a client trickling bytes cannot hold a connection open.
+HEADER_DEADLINE_S = 5.0
 
 
 class GrpcHealth(health_pb2_grpc.HealthServicer):  # type: ignore[misc]  # untyped base
@@ -87,9 +89,10 @@ class HttpEndpoints:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request_line = await asyncio.wait_for(reader.readline(), 5)
-            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
-                pass
+            async with asyncio.timeout(HEADER_DEADLINE_S):
+                request_line = await reader.readline()
+                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    pass
             parts = request_line.decode("latin-1").split()
             if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
                 status, ctype, body = 405, "application/json", b'{"error": "GET only"}'

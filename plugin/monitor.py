@@ -20,6 +20,7 @@ from plugin.device import CheckResult, DeviceKind, check_host_entry
 from plugin.health import HealthState
 from plugin.logs import log, warn
 from plugin.probe_worker import ProbeWorker
+from plugin.shutdown import reap
 from plugin.watch import DirWatcher, MountTableWatcher
 
 T = TypeVar("T")
@@ -219,11 +220,10 @@ class Monitor:
         try:
             while True:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._kick.wait(), self._cfg.recheck_interval_s)
+                    async with asyncio.timeout(self._cfg.recheck_interval_s):
+                        await self._kick.wait()
                 self._kick.clear()
                 await self.check_all()
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await reap(watcher)
             self._mount_watch.close()

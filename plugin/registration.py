@@ -23,6 +23,7 @@ from plugin.config import Config
 from plugin.endpoints import GrpcHealth
 from plugin.health import HealthState
 from plugin.logs import log, warn
+from plugin.shutdown import reap
 from plugin.watch import DirWatcher
 
 KUBELET_SOCKET = "kubelet.sock"
@@ -118,7 +119,8 @@ class Registrar:
 
     async def _wait_kick(self, within_s: float) -> bool:
         try:
-            await asyncio.wait_for(self._kick.wait(), within_s)
+            async with asyncio.timeout(within_s):
+                await self._kick.wait()
         except TimeoutError:
             return False
         self._kick.clear()
@@ -191,9 +193,7 @@ class Registrar:
                 if registered or reason == "kubelet.sock re-created":
                     registered = await self._register_with_backoff()
         finally:
-            watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch_task
+            await reap(watch_task)
             await self._stop_server()
 
     async def stop(self) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from asyncinotify import Inotify, Mask
 
 from plugin.logs import log, warn
+from plugin.shutdown import reap
 
 _DIR_MASK = (
     Mask.CREATE
@@ -128,9 +129,7 @@ class DirWatcher:
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 if nxt not in done:
-                    nxt.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await nxt
+                    await reap(nxt)
                 if rewatch in done or (poll and not done):
                     return
                 event = nxt.result()

@@ -75,7 +75,8 @@ class RenameLog:
             if left <= 0:
                 raise BenchTimeout(what, seconds, f"{len(self.renames)} renames so far")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
+                async with asyncio.timeout(left):
+                    await self._changed.wait()
         return self.renames[index]
 
     def close(self) -> None:

@@ -108,7 +108,8 @@ async def serve(socket: str, slots: int) -> None:
     # The harness closes its streams before SIGTERM, but their ends may still be on the way:
     # stopping with handlers pending makes grpc print a CancelledError for each.
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(floor.no_streams.wait(), DRAIN_S)
+        async with asyncio.timeout(DRAIN_S):
+            await floor.no_streams.wait()
     await server.stop(None)
 
 

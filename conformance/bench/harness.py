@@ -92,7 +92,8 @@ class BenchTimeout(TimeoutError):
 async def within(aw: Awaitable[T], seconds: float, what: str) -> T:
     """Await with a deadline; BenchTimeout names `what` when it expires."""
     try:
-        return await asyncio.wait_for(aw, seconds)
+        async with asyncio.timeout(seconds):
+            return await aw
     except TimeoutError:
         raise BenchTimeout(what, seconds) from None
 

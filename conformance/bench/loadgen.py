@@ -36,7 +36,8 @@ async def run(
 ) -> dict[str, object]:
     async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
         try:
-            await asyncio.wait_for(channel.channel_ready(), CONNECT_S)
+            async with asyncio.timeout(CONNECT_S):
+                await channel.channel_ready()
         except TimeoutError:
             raise SystemExit(
                 f"loadgen: connecting to {socket} expired after {CONNECT_S} s"

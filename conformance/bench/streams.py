@@ -77,7 +77,8 @@ class Stream:
             if left <= 0:
                 raise BenchTimeout(what, seconds, self.latest())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
+                async with asyncio.timeout(left):
+                    await self._changed.wait()
 
     async def close(self) -> None:
         if self._task is not None:

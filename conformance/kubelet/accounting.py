@@ -328,7 +328,8 @@ class Accounting:
             try:
                 if remaining <= 0:
                     raise TimeoutError
-                await asyncio.wait_for(fut, remaining)
+                async with asyncio.timeout(remaining):
+                    await fut
             except TimeoutError:
                 with self._lock:
                     if predicate():

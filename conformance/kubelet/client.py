@@ -65,7 +65,8 @@ class PluginEndpoint:
         """Blocking dial with a deadline, like grpc.DialContext(..., WithBlock())."""
         channel = grpc.aio.insecure_channel(f"unix:{self.socket_path}")
         try:
-            await asyncio.wait_for(channel.channel_ready(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await channel.channel_ready()
         except TimeoutError:
             await channel.close(None)
             raise EndpointError(f"failed to dial device plugin: {DEADLINE_EXCEEDED}") from None
