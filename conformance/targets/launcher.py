@@ -51,13 +51,9 @@ IFF_UP = 0x1
 
 # Character devices every container /dev has; numbers are fixed by the kernel ABI.
 BASE_DEVICES: dict[str, tuple[int, int]] = {
-    "null": (1, 3),
-    "zero": (1, 5),
-    "full": (1, 7),
-    "random": (1, 8),
-    "urandom": (1, 9),
+    "null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9),
     "tty": (5, 0),
-}
+}  # fmt: skip
 DEFAULT_BASE = ("null", "zero", "random", "urandom", "tty")
 CAP_FIELDS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
 _TYPES = {"c": stat.S_IFCHR, "u": stat.S_IFCHR, "b": stat.S_IFBLK, "p": stat.S_IFIFO}
