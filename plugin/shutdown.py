@@ -15,7 +15,8 @@ from typing import Any
 from plugin.logs import log, warn
 
 STEP_DEADLINE_S = 5.0
-RECANCEL_S = 2.0  # past the gRPC server's 0.5 s stop grace: a task not ended by then is cancelled again
+# Past the gRPC server's 0.5 s stop grace: a task not ended by then is cancelled again.
+RECANCEL_S = 2.0
 
 
 def _stack(task: asyncio.Task[Any]) -> str:
