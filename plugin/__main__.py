@@ -32,6 +32,7 @@ from plugin.registration import Registrar
 from plugin.server import DevicePluginServicer
 
 SHUTDOWN_FLUSH_S = 2.0
+# A shutdown step stalled or failed, or a task lost its cancel: logged, and the exit says so.
 EXIT_UNCLEAN_STOP = 3
 
 
@@ -81,6 +82,7 @@ async def run(cfg: Config) -> int:
         host_dev_dir=str(cfg.host_dev_dir or ""),
     )
     tasks: list[asyncio.Task[None]] = []
+    code = EXIT_UNCLEAN_STOP
     try:
         if http is not None:
             await http.start()
@@ -96,7 +98,7 @@ async def run(cfg: Config) -> int:
         logs.log("stopping", reason="signal")
         health.shutdown()
         await _wait_streams_closed(health, SHUTDOWN_FLUSH_S)
-        return 0
+        code = 0
     finally:
         clean = await shutdown.cancel_tasks(tasks)
         clean &= await shutdown.step("stop the gRPC server", registrar.stop())
@@ -105,12 +107,13 @@ async def run(cfg: Config) -> int:
         if http is not None:
             clean &= await shutdown.step("stop the HTTP endpoints", http.close())
         logs.log("stopped", clean=clean)
-        if not clean:
-            # Every resource was released above; what is left is a task that ignored its
-            # cancel, and asyncio.run would wait on it forever. Exit non-zero instead.
+        if any(not task.done() for task in tasks):
+            # Every resource was released above; what is left ignored every cancel, and
+            # asyncio.run would wait on it forever. Exit now instead.
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(EXIT_UNCLEAN_STOP)
+    return code if clean else EXIT_UNCLEAN_STOP
 
 
 def probe_main(argv: Sequence[str]) -> int:
