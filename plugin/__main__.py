@@ -14,24 +14,29 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from plugin import __version__, logs, shutdown
+from plugin import logs, shutdown
 from plugin.cdi import CdiReconciler
 from plugin.cdi_spec import desired_spec
 from plugin.config import Config, ConfigError, env_name, parse_config
 from plugin.endpoints import LIVENESS_SERVICE, READINESS_SERVICE, HttpEndpoints
 from plugin.health import HealthState
 from plugin.monitor import Monitor
+from plugin.preflight import preflight
 from plugin.probe_worker import ProbeWorker
 from plugin.registration import Registrar
 from plugin.server import DevicePluginServicer
+from plugin.version import source_commit, version
 
 SHUTDOWN_FLUSH_S = 2.0
+# A refused configuration: one line on stderr, nothing created.
+EXIT_CONFIG = 2
 # A shutdown step stalled or failed, or a task lost its cancel: logged, and the exit says so.
 EXIT_UNCLEAN_STOP = 3
 
@@ -57,22 +62,34 @@ async def _wait_streams_closed(health: HealthState, deadline_s: float) -> None:
             await health.no_streams.wait()
 
 
-async def run(cfg: Config) -> int:
+def _loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+    """asyncio's unhandled errors as one JSON line, never a bare traceback on stderr."""
+    exc = context.get("exception")
+    logs.error(
+        "event_loop_error",
+        message=str(context.get("message", "")),
+        exception=f"{type(exc).__name__}: {exc}" if isinstance(exc, BaseException) else "",
+    )
+
+
+async def run(cfg: Config, listener: socket.socket | None = None) -> int:
     health = HealthState()
     worker = None if cfg.mode == "device-access" else ProbeWorker(timeout_s=cfg.probe_timeout_s)
     monitor = Monitor(cfg, health, worker, _reconciler(cfg))
     registrar = Registrar(cfg, health, lambda: DevicePluginServicer(cfg, health, monitor))
     monitor.add_mount_listener(registrar.on_mount_change)
-    http = HttpEndpoints(health, cfg.health_addr) if cfg.health_addr else None
+    http = HttpEndpoints(health, listener) if listener is not None else None
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(_loop_error)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
     logs.log(
         "starting",
-        version=__version__,
+        version=version(),
+        commit=source_commit(),
         mode=cfg.mode,
         device=cfg.hypervisor_device,
         resource=cfg.resource_name,
@@ -172,16 +189,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["probe"]:
         return probe_main(args[1:])
+    # One step, before anything is created: every value, then the directories, then the port.
     try:
         cfg = parse_config(args)
+        listener = preflight(cfg)
     except ConfigError as exc:
-        print(f"hv-device-plugin: {exc}", file=sys.stderr)
-        return 2
+        print(f"hv-device-plugin: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_CONFIG
     logs.setup(
         cfg.log_level, component="hv-device-plugin", mode=cfg.mode, resource=cfg.resource_name
     )
     try:
-        return asyncio.run(run(cfg))
+        return asyncio.run(run(cfg, listener))
     except KeyboardInterrupt:
         return 0
 

@@ -26,6 +26,7 @@ from plugin.cdi_spec import (
     required_version,
     validate_spec,
 )
+from plugin.device import a_file_type
 
 __all__ = [
     "DEFAULT_CDI_VERSION",
@@ -45,14 +46,6 @@ _REPAIRABLE: frozenset[CdiState] = frozenset({"missing", "malformed", "stale", "
 # A spec file is tiny; refuse to slurp an arbitrarily large file someone put there.
 MAX_SPEC_BYTES = 1 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_TYPE_NAMES = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISLNK, "a symlink"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
 # Per-target locks, so two reconcilers of the same file in one process also serialise.
 _LOCKS: dict[tuple[str, str], threading.Lock] = {}
 _LOCKS_GUARD = threading.Lock()
@@ -80,13 +73,6 @@ class _Failure(Exception):
         name = errno.errorcode.get(exc.errno or 0, f"errno {exc.errno}")
         super().__init__(f"{op}: {name} ({exc.strerror})")
         self.errno = exc.errno
-
-
-def _file_type(mode: int) -> str:
-    for test, name in _TYPE_NAMES:
-        if test(mode):
-            return name
-    return f"an unknown file type (mode {stat.S_IFMT(mode):o})"
 
 
 class CdiReconciler:
@@ -163,7 +149,7 @@ class CdiReconciler:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             # O_NOFOLLOW|O_DIRECTORY on a symlink fails with either; say which it was.
             try:
-                what = _file_type(os.lstat(self.cdi_dir).st_mode)
+                what = a_file_type(os.lstat(self.cdi_dir).st_mode)
             except OSError:
                 what = "not a directory"
             if what == "a symlink":
@@ -172,7 +158,7 @@ class CdiReconciler:
         return f"open CDI directory {self.cdi_dir}: {name} ({exc.strerror})"
 
     def _obstructed(self, mode: int) -> CdiStatus:
-        kind = _file_type(mode)
+        kind = a_file_type(mode)
         return CdiStatus(
             "obstructed", reason=f"{self.path} is {kind}, not a regular file; left untouched"
         )

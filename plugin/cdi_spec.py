@@ -33,7 +33,7 @@ _HOOK_NAMES = frozenset(
 )
 _NODE_TYPES = ("", "b", "c", "u", "p")
 _ANNOTATIONS_MAX_BYTES = 256 * 1024
-_UINT32_MAX = 2**32 - 1
+UINT32_MAX = 2**32 - 1
 _INT64 = (-(2**63), 2**63 - 1)
 
 Problems = list[str]
@@ -64,8 +64,8 @@ def desired_spec(
     if not device_path.startswith("/") or any(c in device_path for c in "\0\n"):
         raise ValueError(f"device_path must be an absolute path, got {device_path!r}")
     for label, ident in (("uid", uid), ("gid", gid)):
-        if isinstance(ident, bool) or not 0 <= ident <= _UINT32_MAX:
-            raise ValueError(f"{label} must be in 0..{_UINT32_MAX}, got {ident!r}")
+        if isinstance(ident, bool) or not 0 <= ident <= UINT32_MAX:
+            raise ValueError(f"{label} must be in 0..{UINT32_MAX}, got {ident!r}")
     if cdi_version not in KNOWN_VERSIONS:
         raise ValueError(
             f"cdi_version {cdi_version!r} is not a known CDI version ({', '.join(KNOWN_VERSIONS)})"
@@ -178,6 +178,8 @@ def validate_spec(data: bytes) -> Problems:
         )
     except ValueError as exc:
         return [f"not parseable as JSON (YAML is not accepted here): {exc}"]
+    except RecursionError:  # arrays or objects nested thousands deep: no CDI spec is
+        return ["not parseable as JSON: nested too deeply"]
     problems: Problems = []
     if not isinstance(spec, dict):
         return [f"top level must be an object, got {_type_name(spec)}"]
@@ -268,7 +270,7 @@ def _annotations(value: Any, where: str, problems: Problems) -> None:
 
 
 _STRS = _list_of(_str)
-_UINT32 = _int_range(0, _UINT32_MAX)
+_UINT32 = _int_range(0, UINT32_MAX)
 _DEVICE_NODE_FIELDS: dict[str, _Check] = {
     "path": _str,
     "hostPath": _str,

@@ -1,4 +1,8 @@
-"""Every option once: its flag, its HV_ environment variable, its default and its validation."""
+"""Parsing and checking of every option value (plugin.options defines the options).
+
+parse_config checks every value's syntax and range and touches nothing; plugin.preflight then
+checks the directories and binds the health port. Both run before anything is created.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +10,63 @@ import argparse
 import functools
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn, TypeVar
 
-ALLOWED_DEVICES = ("/dev/kvm", "/dev/mshv")
-HYPERVISOR_RESOURCE = "hyperlight.dev/hypervisor"
-DEVICE_ACCESS_RESOURCE = "hyperlight.dev/device-access"
-DEFAULT_PROBE_MAX_AGE_S = 0.02
-MAX_PROBE_AGE_S = 1.0
-CDI_VERSIONS = ("0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
+from plugin.cdi_spec import desired_spec, validate_spec
+from plugin.inputs import (
+    Invalid,
+    check_resource_name,
+    parse_host_port,
+    parse_int,
+    parse_seconds,
+    show,
+)
+from plugin.options import (
+    ALLOWED_DEVICES,
+    CDI_VERSIONS,
+    DEFAULT_HEALTH_HOST,
+    DEFAULT_PROBE_MAX_AGE_S,
+    DEFAULTS,
+    DEVICE_ACCESS_RESOURCE,
+    HYPERVISOR_RESOURCE,
+    LONGEST_SOCKET_NAME,
+    MAX_CDI_FILENAME,
+    MAX_ID,
+    MAX_PROBE_AGE_S,
+    MAX_REGISTER_ATTEMPTS,
+    MAX_SLOTS,
+    PROBE_MAX_AGE_S,
+    PROBE_TIMEOUT_S,
+    RECHECK_INTERVAL_S,
+    REGISTER_ATTEMPT_TIMEOUT_S,
+    REGISTER_BACKOFF_S,
+    SUN_PATH_MAX,
+    ConfigError,
+    build_parser,
+    env_name,
+    flag_label,
+)
 
+# Importers use plugin.config for the option facts as well as for parsing.
+__all__ = [
+    "ALLOWED_DEVICES",
+    "CDI_VERSIONS",
+    "DEFAULT_PROBE_MAX_AGE_S",
+    "DEVICE_ACCESS_RESOURCE",
+    "HYPERVISOR_RESOURCE",
+    "MAX_PROBE_AGE_S",
+    "MAX_SLOTS",
+    "Config",
+    "ConfigError",
+    "env_name",
+    "parse_config",
+    "resolve_hypervisor_device",
+]
 
-class ConfigError(Exception):
-    """A configuration value that must stop the process before it writes anything."""
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -38,12 +85,14 @@ class Config:
     probe_timeout_s: float
     probe_max_age_s: float
     recheck_interval_s: float
-    health_addr: str
+    health_addr: tuple[str, int] | None
     register_attempts: int
     register_backoff_initial_s: float
     register_backoff_max_s: float
     register_attempt_timeout_s: float
     log_level: str
+    # Flags whose value came from their HV_ variable: refusals name both.
+    from_env: frozenset[str] = frozenset()
 
     @functools.cached_property
     def device_name(self) -> str:
@@ -57,111 +106,8 @@ class Config:
     def host_view_path(self) -> Path | None:
         return None if self.host_dev_dir is None else self.host_dev_dir / self.device_name
 
-
-@dataclass(frozen=True)
-class _Opt:
-    flag: str
-    default: str
-    help: str
-
-
-_OPTIONS: tuple[_Opt, ...] = (
-    _Opt(
-        "mode",
-        "hypervisor",
-        "hypervisor (advertise hyperlight.dev/hypervisor, inject by CDI) "
-        "or device-access (bootstrap: one device, DeviceSpec, for the plugin pod itself)",
-    ),
-    _Opt(
-        "hypervisor-device",
-        "/dev/kvm",
-        "/dev/kvm, /dev/mshv or auto (prefers /dev/mshv); nothing else is ever accepted",
-    ),
-    _Opt(
-        "resource-name",
-        "",
-        "extended resource to advertise (default: hyperlight.dev/hypervisor, "
-        "or hyperlight.dev/device-access in device-access mode)",
-    ),
-    _Opt("slots", "2000", "how many device IDs to advertise (hypervisor mode)"),
-    _Opt("device-plugin-dir", "/var/lib/kubelet/device-plugins", "kubelet's device plugin dir"),
-    _Opt("cdi-dir", "/var/run/cdi", "directory holding the one CDI spec this plugin owns"),
-    _Opt(
-        "cdi-version",
-        "0.5.0",
-        "cdiVersion written into the spec (lowest the content needs "
-        "is 0.5.0; podman 4.3 resolves up to 0.5.0)",
-    ),
-    _Opt("cdi-filename", "hyperlight.json", "file name of the owned CDI spec"),
-    _Opt("device-uid", "65534", "uid the runtime gives the device node inside workloads"),
-    _Opt("device-gid", "65534", "gid the runtime gives the device node inside workloads"),
-    _Opt(
-        "host-dev-dir",
-        "",
-        "read-only view of the host's /dev used for identity checks "
-        "(empty: identity is checked on the device path alone)",
-    ),
-    _Opt("probe-timeout", "2.0", "deadline in seconds of one device usability probe"),
-    _Opt(
-        "probe-max-age",
-        f"{DEFAULT_PROBE_MAX_AGE_S:g}",
-        "seconds: an Allocate may be answered by a passed probe that started at most this "
-        "long before it arrived (bursts share one KVM_CREATE_VM); a host /dev or mount-table "
-        "event voids it at once; 0 probes for every Allocate or joins the probe in flight",
-    ),
-    _Opt(
-        "recheck-interval",
-        "5.0",
-        "seconds between periodic device and CDI re-checks "
-        "(inotify and mount-table events trigger checks sooner)",
-    ),
-    _Opt(
-        "health-addr",
-        "127.0.0.1:8080",
-        "host:port for /healthz /readyz /metrics (empty disables the HTTP endpoints)",
-    ),
-    _Opt(
-        "register-attempts",
-        "8",
-        "registration attempts before giving up until the kubelet socket changes",
-    ),
-    _Opt("register-backoff-initial", "0.2", "first backoff in seconds (doubles, with jitter)"),
-    _Opt("register-backoff-max", "5.0", "largest backoff in seconds"),
-    _Opt("register-attempt-timeout", "5.0", "deadline in seconds of one Register call"),
-    _Opt("log-level", "info", "debug, info, warning or error"),
-)
-
-
-def env_name(flag: str) -> str:
-    return "HV_" + flag.upper().replace("-", "_")
-
-
-def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hv-device-plugin",
-        description="Kubernetes device plugin for hypervisor devices (/dev/kvm, /dev/mshv). "
-        "Every flag can also be set by the environment variable shown in brackets.",
-        epilog="Subcommand: 'hv-device-plugin probe liveness|readiness' asks a running plugin "
-        "over gRPC Health on its socket (exit 0 when SERVING); use it as an exec probe.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    for opt in _OPTIONS:
-        parser.add_argument(
-            f"--{opt.flag}",
-            default=environ.get(env_name(opt.flag), opt.default),
-            help=f"{opt.help} [{env_name(opt.flag)}]",
-        )
-    return parser
-
-
-def _number(raw: str, flag: str, kind: type[int] | type[float], minimum: float) -> float:
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise ConfigError(f"--{flag}: {raw!r} is not a number") from None
-    if value < minimum:
-        raise ConfigError(f"--{flag}: {value} is below the minimum {minimum}")
-    return value
+    def label(self, flag: str) -> str:
+        return flag_label(flag, self.from_env)
 
 
 def resolve_hypervisor_device(raw: str, host_dev_dir: Path | None) -> str:
@@ -175,86 +121,172 @@ def resolve_hypervisor_device(raw: str, host_dev_dir: Path | None) -> str:
                 continue
             if stat.S_ISCHR(st.st_mode):
                 return candidate
-        raise ConfigError(f"--hypervisor-device auto: no /dev/mshv or /dev/kvm under {root}")
+        raise Invalid(f"auto: no /dev/mshv or /dev/kvm under {root}")
     # Exact string comparison on purpose: no normalisation, so "dev/kvm", "/dev/kvm/../null"
     # or "/dev//kvm" can never be reinterpreted as an accepted path.
     if raw not in ALLOWED_DEVICES:
-        raise ConfigError(
-            f"--hypervisor-device {raw!r} refused: only /dev/kvm and /dev/mshv are accepted"
-        )
+        raise Invalid(f"{show(raw)} refused: only /dev/kvm and /dev/mshv are accepted")
     try:
         st = os.lstat(raw)
     except FileNotFoundError:
         return raw  # may appear later; the device check reports it meanwhile
     if stat.S_ISLNK(st.st_mode):
-        raise ConfigError(f"--hypervisor-device {raw} refused: it is a symlink")
+        raise Invalid(f"{raw} refused: it is a symlink")
     if not stat.S_ISCHR(st.st_mode):
-        raise ConfigError(f"--hypervisor-device {raw} refused: it is not a character device")
+        raise Invalid(f"{raw} refused: it is not a character device")
     return raw
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in allowed:
+            raise Invalid(f"{show(raw)} refused: use {', '.join(allowed)}")
+        return raw
+
+    return parse
+
+
+_LOG_LEVELS = _choice("debug", "info", "warning", "error")
+
+
+def _abs_path(raw: str) -> Path:
+    if not raw.startswith("/"):
+        raise Invalid(f"{show(raw)} must be an absolute path")
+    if len(os.fsencode(raw)) > os.pathconf("/", "PC_PATH_MAX"):
+        raise Invalid(f"{show(raw)} is longer than PATH_MAX")
+    return Path(raw)
+
+
+def _plugin_dir(raw: str) -> Path:
+    path = _abs_path(raw)
+    longest = len(os.fsencode(raw.rstrip("/"))) + LONGEST_SOCKET_NAME
+    if longest > SUN_PATH_MAX:
+        raise Invalid(
+            f"{show(raw)} is too long for a unix socket path ({longest} > {SUN_PATH_MAX} bytes)"
+        )
+    return path
+
+
+def _cdi_filename(raw: str) -> str:
+    if (
+        "/" in raw
+        or raw.startswith(".")
+        or not raw.endswith((".json", ".yaml"))
+        or len(os.fsencode(raw)) > MAX_CDI_FILENAME
+    ):
+        raise Invalid(
+            f"{show(raw)} must be a plain *.json or *.yaml name of at most {MAX_CDI_FILENAME} bytes"
+        )
+    return raw
+
+
+def _health_addr(raw: str) -> tuple[str, int] | None:
+    return parse_host_port(raw, DEFAULT_HEALTH_HOST) if raw else None
+
+
+class _Values:
+    """Raw values by flag, from argv, else the environment, else the default; remembers which."""
+
+    def __init__(self, ns: argparse.Namespace, environ: Mapping[str, str]) -> None:
+        self._ns = ns
+        self._environ = environ
+        self._from_env: set[str] = set()
+
+    @property
+    def from_env(self) -> frozenset[str]:
+        return frozenset(self._from_env)
+
+    def _raw(self, flag: str) -> str:
+        given = getattr(self._ns, flag.replace("-", "_"))
+        if given is not None:
+            return str(given)
+        if env_name(flag) in self._environ:
+            self._from_env.add(flag)
+            return self._environ[env_name(flag)]
+        return DEFAULTS[flag]
+
+    def get(self, flag: str, parse: Callable[[str], T]) -> T:
+        raw = self._raw(flag)
+        try:
+            if "\0" in raw:
+                raise Invalid(f"{show(raw)} contains a NUL character")
+            return parse(raw)
+        except Invalid as exc:
+            self.fail(flag, str(exc))
+
+    def fail(self, flag: str, why: str) -> NoReturn:
+        raise ConfigError(f"{flag_label(flag, self.from_env)}: {why}")
+
+
+def _check_spec(cfg: Config, values: _Values) -> None:
+    """The spec the plugin will write must be valid CDI: the resource name is its kind."""
+    try:
+        problems = validate_spec(
+            desired_spec(
+                kind_name=cfg.resource_name,
+                device_name=cfg.device_name,
+                device_path=cfg.hypervisor_device,
+                uid=cfg.device_uid,
+                gid=cfg.device_gid,
+                cdi_version=cfg.cdi_version,
+            )
+        )
+    except ValueError as exc:
+        problems = [str(exc)]
+    if problems:
+        values.fail("resource-name", f"not usable as a CDI kind: {problems[0]}")
 
 
 def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Config:
     env = os.environ if environ is None else environ
-    ns = build_parser(env).parse_args(list(argv))
-    mode = str(ns.mode)
-    if mode not in ("hypervisor", "device-access"):
-        raise ConfigError(f"--mode {mode!r} refused: use hypervisor or device-access")
-    host_dev_dir = Path(ns.host_dev_dir) if ns.host_dev_dir else None
-    if host_dev_dir is not None and not host_dev_dir.is_absolute():
-        raise ConfigError(f"--host-dev-dir {ns.host_dev_dir!r} must be an absolute path")
+    values = _Values(build_parser().parse_args(list(argv)), env)
+    mode = values.get("mode", _choice("hypervisor", "device-access"))
+    host_dev_dir = values.get("host-dev-dir", lambda raw: _abs_path(raw) if raw else None)
     # In device-access mode the plugin has no device of its own: auto looks at the host view.
-    device = resolve_hypervisor_device(
-        str(ns.hypervisor_device), host_dev_dir if mode == "device-access" else None
-    )
+    host_view = host_dev_dir if mode == "device-access" else None
+    device = values.get("hypervisor-device", lambda raw: resolve_hypervisor_device(raw, host_view))
     default_resource = DEVICE_ACCESS_RESOURCE if mode == "device-access" else HYPERVISOR_RESOURCE
-    resource = str(ns.resource_name) or default_resource
-    if "/" not in resource:
-        raise ConfigError(f"--resource-name {resource!r} must be vendor-domain/name")
-    if ns.cdi_version not in CDI_VERSIONS:
-        raise ConfigError(f"--cdi-version {ns.cdi_version!r}: use one of {', '.join(CDI_VERSIONS)}")
-    filename = str(ns.cdi_filename)
-    if "/" in filename or not filename.endswith((".json", ".yaml")) or filename.startswith("."):
-        raise ConfigError(f"--cdi-filename {filename!r} must be a plain *.json or *.yaml name")
-    # Beyond a second the "probe before every allocation" promise would no longer hold.
-    if _number(ns.probe_max_age, "probe-max-age", float, 0.0) > MAX_PROBE_AGE_S:
-        raise ConfigError(f"--probe-max-age: {ns.probe_max_age} is above the maximum 1.0")
-    if str(ns.log_level).lower() not in ("debug", "info", "warning", "error"):
-        raise ConfigError(f"--log-level {ns.log_level!r}: use debug, info, warning or error")
-    for flag in ("device-plugin-dir", "cdi-dir"):
-        if not Path(getattr(ns, flag.replace("-", "_"))).is_absolute():
-            raise ConfigError(f"--{flag} must be an absolute path")
-    # sun_path holds 107 bytes plus NUL; the socket name adds the prefix, 8 hex digits and ".sock".
-    longest = len(str(ns.device_plugin_dir).rstrip("/")) + len("/hyperlight-access-12345678.sock")
-    if longest > 107:
-        raise ConfigError(
-            f"--device-plugin-dir {ns.device_plugin_dir!r} is too long for a unix socket path "
-            f"({longest} > 107 bytes)"
-        )
-    return Config(
+    resource = values.get("resource-name", lambda raw: check_resource_name(raw or default_resource))
+    slots = values.get("slots", lambda raw: parse_int(raw, 1, MAX_SLOTS))
+    cfg = Config(
         mode=mode,
         hypervisor_device=device,
         resource_name=resource,
-        slots=1 if mode == "device-access" else int(_number(ns.slots, "slots", int, 1)),
-        device_plugin_dir=Path(ns.device_plugin_dir),
-        cdi_dir=Path(ns.cdi_dir),
-        cdi_version=str(ns.cdi_version),
-        cdi_filename=filename,
-        device_uid=int(_number(ns.device_uid, "device-uid", int, 0)),
-        device_gid=int(_number(ns.device_gid, "device-gid", int, 0)),
+        slots=1 if mode == "device-access" else slots,
+        device_plugin_dir=values.get("device-plugin-dir", _plugin_dir),
+        cdi_dir=values.get("cdi-dir", _abs_path),
+        cdi_version=values.get("cdi-version", _choice(*CDI_VERSIONS)),
+        cdi_filename=values.get("cdi-filename", _cdi_filename),
+        device_uid=values.get("device-uid", lambda raw: parse_int(raw, 0, MAX_ID)),
+        device_gid=values.get("device-gid", lambda raw: parse_int(raw, 0, MAX_ID)),
         host_dev_dir=host_dev_dir,
-        probe_timeout_s=_number(ns.probe_timeout, "probe-timeout", float, 0.05),
-        probe_max_age_s=_number(ns.probe_max_age, "probe-max-age", float, 0.0),
-        recheck_interval_s=_number(ns.recheck_interval, "recheck-interval", float, 0.1),
-        health_addr=str(ns.health_addr),
-        register_attempts=int(_number(ns.register_attempts, "register-attempts", int, 1)),
-        register_backoff_initial_s=_number(
-            ns.register_backoff_initial, "register-backoff-initial", float, 0.01
+        probe_timeout_s=values.get("probe-timeout", lambda r: parse_seconds(r, *PROBE_TIMEOUT_S)),
+        probe_max_age_s=values.get("probe-max-age", lambda r: parse_seconds(r, *PROBE_MAX_AGE_S)),
+        recheck_interval_s=values.get(
+            "recheck-interval", lambda r: parse_seconds(r, *RECHECK_INTERVAL_S)
         ),
-        register_backoff_max_s=_number(
-            ns.register_backoff_max, "register-backoff-max", float, 0.01
+        health_addr=values.get("health-addr", _health_addr),
+        register_attempts=values.get(
+            "register-attempts", lambda raw: parse_int(raw, 1, MAX_REGISTER_ATTEMPTS)
         ),
-        register_attempt_timeout_s=_number(
-            ns.register_attempt_timeout, "register-attempt-timeout", float, 0.1
+        register_backoff_initial_s=values.get(
+            "register-backoff-initial", lambda r: parse_seconds(r, *REGISTER_BACKOFF_S)
         ),
-        log_level=str(ns.log_level).lower(),
+        register_backoff_max_s=values.get(
+            "register-backoff-max", lambda r: parse_seconds(r, *REGISTER_BACKOFF_S)
+        ),
+        register_attempt_timeout_s=values.get(
+            "register-attempt-timeout", lambda r: parse_seconds(r, *REGISTER_ATTEMPT_TIMEOUT_S)
+        ),
+        log_level=values.get("log-level", lambda r: _LOG_LEVELS(r.lower())),
+        from_env=values.from_env,
     )
+    if cfg.register_backoff_initial_s > cfg.register_backoff_max_s:
+        values.fail(
+            "register-backoff-initial",
+            f"{cfg.register_backoff_initial_s:g} is above --register-backoff-max "
+            f"{cfg.register_backoff_max_s:g}",
+        )
+    if mode == "hypervisor":
+        _check_spec(cfg, values)
+    return cfg

@@ -85,6 +85,12 @@ def file_type(mode: int) -> str:
     return f"unknown type {stat.S_IFMT(mode):#o}"
 
 
+def a_file_type(mode: int) -> str:
+    """file_type with its article: 'a regular file', 'an unknown type 0o...'."""
+    kind = file_type(mode)
+    return ("an " if kind[0] in "aeiou" else "a ") + kind
+
+
 def format_rdev(rdev: int) -> str:
     """'10:232' for a device number."""
     return f"{os.major(rdev)}:{os.minor(rdev)}"

@@ -20,6 +20,8 @@ class _JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "event": record.getMessage(),
         }
+        if record.name != _LOGGER.name:
+            entry["logger"] = record.name  # a library's record (grpc, asyncio)
         entry.update(_FIELDS)
         entry.update(getattr(record, "fields", {}))
         if record.exc_info:
@@ -34,6 +36,11 @@ def setup(level: str, **static_fields: Any) -> None:
     _LOGGER.handlers[:] = [handler]
     _LOGGER.setLevel(level.upper())
     _LOGGER.propagate = False
+    # Libraries' warnings and errors too, so that stderr holds JSON lines only: without a
+    # handler, logging's last resort would print their tracebacks as bare text.
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
     _FIELDS.clear()
     _FIELDS.update(static_fields)
 

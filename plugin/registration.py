@@ -30,6 +30,9 @@ KUBELET_SOCKET = "kubelet.sock"
 API_VERSION = "v1beta1"
 # Fallback poll for restart detection when inotify events are missed (e.g. a remounted dir).
 RESTART_POLL_S = 1.0
+# gRPC's own default, made explicit: a larger request is refused by gRPC (RESOURCE_EXHAUSTED)
+# before it is read. The largest valid one (--slots IDs) is about 120 KiB.
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
 
 def _inode(path: Path) -> tuple[int, int] | None:
@@ -78,7 +81,7 @@ class Registrar:
         await self._stop_server(grace=0.0)
         name = f"{self._cfg.socket_prefix}-{secrets.token_hex(4)}.sock"
         path = self._cfg.device_plugin_dir / name
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
         pb_grpc.add_DevicePluginServicer_to_server(self._make_servicer(), server)
         health_pb2_grpc.add_HealthServicer_to_server(GrpcHealth(self._health), server)
         server.add_insecure_port(f"unix:{path}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import AsyncIterator, Sequence
 
@@ -14,6 +15,7 @@ from plugin.config import Config
 from plugin.health import HealthState
 from plugin.logs import log, warn
 from plugin.monitor import Monitor
+from plugin.request_checks import allocate_problem, preferred_problem, show_ids
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -49,6 +51,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._monitor = monitor
         self._ids = device_ids(cfg)
         self._known = frozenset(self._ids)
+        # The kubelet never names more IDs than the node's capacity in one request.
+        self._limit = len(self._ids)
         self._cdi_name = f"{cfg.resource_name}={cfg.device_name}"
         self._snapshots: dict[bool, pb.ListAndWatchResponse] = {}
         # The answer is the same for every allocation: built once, serialised per call.
@@ -102,6 +106,10 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             pb.PreferredAllocationRequest, pb.PreferredAllocationResponse
         ],
     ) -> pb.PreferredAllocationResponse:
+        invalid = preferred_problem(request, self._limit)
+        if invalid:
+            warn("preferred_allocation_refused", code="INVALID_ARGUMENT", reason=invalid)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid)
         return pb.PreferredAllocationResponse(
             container_responses=[
                 pb.ContainerPreferredAllocationResponse(
@@ -122,20 +130,6 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     ) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()
 
-    def _invalid_ids(self, request: pb.AllocateRequest) -> str:
-        if not request.container_requests:
-            return "no container requests"
-        for creq in request.container_requests:
-            ids = list(creq.devices_ids)
-            if not ids:
-                return "a container request has no device IDs"
-            unknown = [i for i in ids if i not in self._known]
-            if unknown:
-                return f"unknown device IDs: {', '.join(sorted(unknown))}"
-            if len(set(ids)) != len(ids):
-                return f"duplicate device IDs: {', '.join(sorted(i for i in set(ids) if ids.count(i) > 1))}"
-        return ""
-
     def _container_response(self) -> pb.ContainerAllocateResponse:
         device = self._cfg.hypervisor_device
         if self._cfg.mode == "device-access":
@@ -153,7 +147,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         request: pb.AllocateRequest,
         context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
     ) -> pb.AllocateResponse:
-        invalid = self._invalid_ids(request)
+        invalid = allocate_problem(request, self._known, self._limit)
         if invalid:
             metrics.ALLOCATIONS.labels(result="invalid_argument").inc()
             warn("allocate_refused", code="INVALID_ARGUMENT", reason=invalid)
@@ -167,11 +161,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             warn("allocate_refused", code="UNAVAILABLE", reason=message)
             await context.abort(grpc.StatusCode.UNAVAILABLE, message)
         metrics.ALLOCATIONS.labels(result="ok").inc()
-        ids = [list(c.devices_ids) for c in request.container_requests]
-        # Successes at debug: the kubelet logs every admission, and a JSON line per Allocate is
-        # measurable at high rates; refusals stay warnings.
-        log("allocated", logging.DEBUG, devices=ids)
         count = len(request.container_requests)
+        # Successes at debug: the kubelet logs every admission, and a JSON line per Allocate is
+        # measurable at high rates; refusals stay warnings. Bounded: the first IDs and a count.
+        ids = itertools.chain.from_iterable(c.devices_ids for c in request.container_requests)
+        total = sum(len(c.devices_ids) for c in request.container_requests)
+        log("allocated", logging.DEBUG, containers=count, devices=show_ids(ids, total))
         answer = self._answers.get(count)
         if answer is None:
             answer = pb.AllocateResponse(
