@@ -30,6 +30,26 @@ def _actionlint(session: nox.Session) -> None:
     session.run("go", "install", ACTIONLINT, external=True, env={"GOBIN": str(session.bin)})
 
 
+# helm renders charts/hv-device-plugin for `hvconform manifests` and the cluster targets, and
+# lints it; built from its Go module for the same reason as actionlint (conformance.manifests
+# finds it next to the session's python).
+HELM = "helm.sh/helm/v4/cmd/helm@v4.3.2"
+
+
+def _helm(session: nox.Session) -> None:
+    """helm, pinned above, into the session's bin; kept while its module version matches."""
+    binary = Path(str(session.bin)) / "helm"
+    module, _, want = HELM.rpartition("@")
+    if binary.exists():
+        info = session.run("go", "version", "-m", str(binary), silent=True, external=True)
+        main = module.removesuffix("/cmd/helm")
+        if isinstance(info, str) and any(
+            line.split()[:3] == ["mod", main, want] for line in info.splitlines()
+        ):
+            return
+    session.run("go", "install", HELM, external=True, env={"GOBIN": str(session.bin)})
+
+
 # nox's session.run answers True, not the exit code, whatever success_codes say: so pytest runs
 # under this wrapper, which names exit 5 before passing every code on for nox to judge.
 _PYTEST = (
@@ -67,6 +87,7 @@ def tests(session: nox.Session) -> None:
     """Unit and integration tests: real /dev/kvm, sockets, mounts, containers (needs root)."""
     session.install("-e", ".[dev]")
     _actionlint(session)  # tests/workflows lints the GitHub workflows
+    _helm(session)  # tests/manifests and tests/chart render and lint the chart
     _pytest(
         session,
         "-n",
@@ -98,7 +119,7 @@ def image(session: nox.Session) -> None:
     `nox -s image -- --base-image python:3.11-slim` uses a registry base already pulled.
     """
     session.install("-e", ".[conformance]")
-    session.run("python", "-m", "conformance.images", *session.posargs)
+    session.run("python", "-m", "conformance.targets.container.images", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -108,6 +129,18 @@ def workflows(session: nox.Session) -> None:
     session.install("-e", ".[dev]")
     _actionlint(session)
     _pytest(session, "tests/workflows", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def chart(session: nox.Session) -> None:
+    """The Helm chart: helm lint for every target's values, then its render and policy tests."""
+    session.install("-e", ".[dev]")
+    _helm(session)
+    chart_dir = "charts/hv-device-plugin"
+    session.run("helm", "lint", "--strict", chart_dir, external=True)
+    for values in sorted(Path(chart_dir, "targets").glob("*.yaml")):
+        session.run("helm", "lint", "--strict", chart_dir, "--values", str(values), external=True)
+    _pytest(session, "tests/chart", "tests/manifests", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -124,6 +157,7 @@ def conformance_kind(session: nox.Session) -> None:
         if shutil.which(tool) is None:
             session.error(f"{tool} not found on PATH")
     session.install("-e", ".[dev]")
+    _helm(session)  # the manifests are the chart's render
     session.run("hvconform", "run", "--target", "kind", *session.posargs)
 
 
@@ -144,6 +178,7 @@ def conformance_aks(session: nox.Session) -> None:
     if shutil.which("az") is None:
         session.error("az not found on PATH")
     session.install("-e", ".[dev]")
+    _helm(session)  # the manifests are the chart's render
     session.run("hvconform", "run", "--target", "aks", *args)
 
 
@@ -151,18 +186,24 @@ def conformance_aks(session: nox.Session) -> None:
 def node_build(session: nox.Session) -> None:
     """Build kubelet, control plane, etcd, crictl, pause from published Go modules (cached)."""
     session.install("-e", ".")
-    session.run("python", "-m", "conformance.targets.node.build", *session.posargs)
+    session.run("python", "-m", "conformance.targets.realnode.build", *session.posargs)
 
 
 @nox.session(name="node-up", python=PYTHON)
 def node_up(session: nox.Session) -> None:
     """The real node on loopback (containerd+CDI, etcd, control plane, kubelet)."""
     session.install("-e", ".")
-    session.run("python", "-m", "conformance.targets.node.stack", "up", *session.posargs)
+    session.run("python", "-m", "conformance.targets.realnode.stack", "up", *session.posargs)
 
 
 @nox.session(name="node-down", python=PYTHON)
 def node_down(session: nox.Session) -> None:
     """Stop and remove everything node-up made, then verify nothing is left."""
     session.install("-e", ".")
-    session.run("python", "-m", "conformance.targets.node.stack", "down")
+    session.run("python", "-m", "conformance.targets.realnode.stack", "down")
+
+
+@nox.session(name="fixture-plugins", python=PYTHON)
+def fixture_plugins(session: nox.Session) -> None:
+    """Build the Go fixture plugin (fixtures/plugins/go-kvm/bin/go-kvm); cached by content hash."""
+    session.run("python", "-m", "tests.fixture_plugins")

@@ -13,9 +13,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from conformance.scenarios import CATALOGUE, CLEANUP
+from conformance.targets import RUNTIMES, TARGETS, plan_text
+from conformance.targets.cluster.plan import ENV_OPTIONS, ClusterOptions
+from plugin.api.names import default_plugin_image
 
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
-TARGETS = ("local", "kind", "aks", "node")
 EXIT_NO_CHECKS = 5
 
 
@@ -38,15 +40,14 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--target",
-        choices=TARGETS,
+        choices=tuple(TARGETS),
         default="local",
-        help="local (no cluster), node (a real kubelet built here: nox -s node-build), "
-        "kind or aks (real clusters)",
+        help="; ".join(f"{name}: {t.about}" for name, t in TARGETS.items()),
     )
     run.add_argument(
         "--runtime",
-        choices=("process", "container"),
-        default="process",
+        choices=RUNTIMES,
+        default=RUNTIMES[0],
         help="local target: plugin and workloads as sandboxed processes, or as "
         "containers (the plugin image under Docker, workloads under podman via CDI)",
     )
@@ -57,7 +58,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--image",
-        default=os.environ.get("HV_IMAGE", "hv-device-plugin:0.1.0"),
+        default=os.environ.get("HV_IMAGE") or default_plugin_image(),
         help="kind/aks: plugin image, fixed tag (never :latest)",
     )
     run.add_argument(
@@ -123,7 +124,7 @@ def _subcommands() -> list[Register]:
     """Each further subcommand lives in its own module and adds itself (func = its runner)."""
     from conformance.bench.cli import register as bench_register
     from conformance.manifests.cli import register as manifests_register
-    from conformance.metadata_cli import register as metadata_register
+    from conformance.metadata.cli import register as metadata_register
     from conformance.report.cli import register as report_register
 
     registers: list[Register] = [
@@ -166,12 +167,12 @@ def _cluster_options(
     ns: argparse.Namespace, run_id: str, out: Path
 ) -> tuple[dict[str, str], int | None]:
     """Validate cluster options; print the plan for --dry-run. Returns (env, exit code or None)."""
-    if ns.target not in ("kind", "aks"):
+    if not TARGETS[ns.target].cluster:
         if ns.dry_run:
-            print("hvconform: --dry-run is for --target kind|aks", file=sys.stderr)
+            clusters = "|".join(name for name, t in TARGETS.items() if t.cluster)
+            print(f"hvconform: --dry-run is for --target {clusters}", file=sys.stderr)
             return {}, 2
         return {}, None
-    from conformance.targets.plan import ENV_OPTIONS, ClusterOptions, plan_text
 
     try:
         options = ClusterOptions(
@@ -232,7 +233,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         "--rootdir",
         str(SUITE_DIR),
         "-p",
-        "conformance.pytest_plugin",
+        "conformance.suite.pytest_plugin",
         "-p",
         "no:cacheprovider",
         "--target",

@@ -5,7 +5,7 @@
 #             only an accepted snapshot becomes validated.json
 #   final     after the tests and the cluster's deletion: a snapshot compared with validated.json
 #             when the startup step succeeded (STARTUP_OUTCOME=success), else with the original
-# The rules and verdicts are hvconform's (conformance/metadata.py): exit 0 accepted, 1 rejected,
+# The rules and verdicts are hvconform's (conformance/metadata/rules.py): exit 0 accepted, 1 rejected,
 # 2 unusable input. tests/workflows runs this script, through the workflow, on every fixture.
 #
 # Environment: HV_METADATA_DIR (default $RUNNER_TEMP/kvm-metadata), HV_DEVICE (/dev/kvm),

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from plugin.api import deviceplugin_pb2 as pb
+from plugin.api.wire import HEALTHY, UNHEALTHY
 
 SERVICE = "v1beta1.DevicePlugin"
 DRAIN_S = 2.0
@@ -46,7 +47,7 @@ class Floor:
         self.no_streams.set()
 
     def _build(self) -> pb.ListAndWatchResponse:
-        state = "Healthy" if self.healthy else "Unhealthy"
+        state = HEALTHY if self.healthy else UNHEALTHY
         return pb.ListAndWatchResponse(devices=[pb.Device(ID=i, health=state) for i in self._ids])
 
     def flip(self) -> None:

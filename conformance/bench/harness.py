@@ -27,14 +27,15 @@ from pathlib import Path
 from typing import TypeVar
 
 from conformance.bench import procfs
+from conformance.contract.ledger import Entry, process_ident, survivors
+from conformance.contract.wait import WaitExpired, wait_for
 from conformance.kubelet import ThreadedKubeletEmulator
-from conformance.ledger import Entry, process_ident, survivors
+from plugin.api.names import HYPERVISOR_RESOURCE, SPEC_FILENAME
 from plugin.cdi_spec import desired_spec
-from plugin.config import HYPERVISOR_RESOURCE
 
 T = TypeVar("T")
 RESOURCE = HYPERVISOR_RESOURCE
-SPEC_NAME = "hyperlight.json"
+SPEC_NAME = SPEC_FILENAME
 SETUP_S = 60.0
 STOP_S = 15.0
 
@@ -81,7 +82,7 @@ QUICK = Plan(
 )
 
 
-class BenchTimeout(TimeoutError):
+class BenchTimeout(WaitExpired):
     """A bench wait expired; the message names the wait."""
 
     def __init__(self, what: str, seconds: float, last: object = None) -> None:
@@ -113,15 +114,8 @@ async def poll_until(
 
 
 def wait_until(probe: Callable[[], T | None], seconds: float, what: str) -> T:
-    """Blocking poll_until, for set-up and tear-down outside the event loop."""
-    end = time.monotonic() + seconds
-    while True:
-        value = probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > end:
-            raise BenchTimeout(what, seconds)
-        time.sleep(0.01)
+    """Blocking poll, for set-up and tear-down outside the event loop (the suite's one wait)."""
+    return wait_for(probe, seconds, f"bench: {what}", interval=0.01)
 
 
 def _run(*argv: str) -> None:

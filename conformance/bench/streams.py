@@ -13,6 +13,7 @@ import grpc
 from conformance.bench.harness import BenchTimeout, within
 from plugin.api import deviceplugin_pb2 as pb
 from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from plugin.api.wire import HEALTHY
 
 CONNECT_S = 10.0
 
@@ -47,7 +48,7 @@ class Stream:
                 # The plugin gives every device one health: the ends stand for all 2000, and
                 # reading only them keeps the harness's own cost out of the measurement.
                 healthy = bool(devices) and (
-                    devices[0].health == "Healthy" and devices[-1].health == "Healthy"
+                    devices[0].health == HEALTHY and devices[-1].health == HEALTHY
                 )
                 self.snapshots.append(Snapshot(stamp, healthy))
                 old, self._changed = self._changed, asyncio.Event()

@@ -7,15 +7,12 @@ capability the target lacks ends as not_applicable, never as a pass.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, TypeVar
+from typing import Literal, Protocol
 
-from conformance.results import WaitExpired
+from conformance.contract.results import NotApplicable
 
 Area = Literal["cdi", "host_dev"]
-T = TypeVar("T")
 
 # Capabilities a target may declare.
 CAP_KUBELET_RESTART = "kubelet-restart"
@@ -120,29 +117,8 @@ class Node(Protocol):
     def host_device_metadata(self) -> dict[str, int | str]: ...
 
 
-def wait_for(
-    predicate: Callable[[], T | bool | None],
-    timeout: float,
-    description: str,
-    interval: float = 0.005,
-) -> T:
-    """Poll until predicate returns a truthy value; on expiry name the wait and the last value."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        value = predicate()
-        if value:
-            return value  # type: ignore[return-value]
-        last = value
-        if time.monotonic() >= deadline:
-            raise WaitExpired(f"wait '{description}' expired after {timeout:g}s (last: {last!r})")
-        time.sleep(interval)
-
-
 def require(node: Node, *caps: str) -> None:
     """Raise NotApplicable when the target cannot do what the scenario needs."""
-    from conformance.results import NotApplicable
-
     missing = [c for c in caps if c not in node.capabilities]
     if missing:
         raise NotApplicable(f"target '{node.name}' lacks {', '.join(missing)}")

@@ -29,10 +29,6 @@ class EnvironmentBlocked(Exception):
     """The environment prevents the check (missing /dev/kvm, admission policy): never a pass."""
 
 
-class WaitExpired(AssertionError):
-    """A wait with a deadline ran out; the message names the wait and the last value seen."""
-
-
 @dataclass
 class TimelineEvent:
     name: str

@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from plugin.api import deviceplugin_pb2 as pb
-
-from .validation import HEALTHY
+from plugin.api.wire import HEALTHY
 
 
 class EventKind(enum.StrEnum):

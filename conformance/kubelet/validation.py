@@ -11,14 +11,14 @@ import re
 
 import grpc
 
-SUPPORTED_VERSION = "v1beta1"
+from plugin.api.wire import API_VERSION, KUBELET_SOCKET
+
+SUPPORTED_VERSION = API_VERSION
 # The kubelet formats its SupportedVersions array (`[...]string{"v1beta1"}`) with %q, which
 # renders as ["v1beta1"]; keep that rendering so the message matches byte for byte.
 SUPPORTED_VERSIONS = (SUPPORTED_VERSION,)
-HEALTHY = "Healthy"
-UNHEALTHY = "Unhealthy"
 CHECKPOINT_NAME = "kubelet_internal_checkpoint"
-KUBELET_SOCKET_NAME = "kubelet.sock"
+KUBELET_SOCKET_NAME = KUBELET_SOCKET
 DEPRECATION_NAME = "DEPRECATION"
 PRESTART_TIMEOUT_S = 30.0
 

@@ -1,52 +1,37 @@
-"""Render the plugin's Kubernetes manifests (namespace, bootstrap and plugin DaemonSets) per target."""
+"""The plugin's Kubernetes manifests per target, rendered through the Helm chart.
+
+charts/hv-device-plugin is the one source: a target is a values file of the chart
+(charts/hv-device-plugin/targets/<target>.yaml), and `hvconform manifests --target T` prints
+exactly what `helm template` prints for that file plus the image, namespace and pool taint given
+here (tests/chart proves the two equal). Parameters are checked here first, so a bad one is
+refused with one line before helm runs.
+"""
 
 from __future__ import annotations
 
-import json
+import functools
 import re
-from dataclasses import dataclass
-from importlib import metadata
 from typing import Any, Final
 
-import jinja2
 import yaml
+
+from conformance.manifests.chart import ChartError, target_values, template
+from plugin.api.names import HYPERVISOR_RESOURCE, default_plugin_image
+from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
 
 DEFAULT_NAMESPACE: Final = "hyperlight-system"
 DEFAULT_POOL_TAINT: Final = "hyperlight.dev/conformance"
 HOST_DEV_VIEW: Final = "/host-dev"
-PLUGIN_DIR: Final = "/var/lib/kubelet/device-plugins"
-CDI_DIR: Final = "/var/run/cdi"
-HYPERVISOR_LABEL: Final = "hyperlight.dev/hypervisor"
-DEVICE_ACCESS_RESOURCE: Final = "hyperlight.dev/device-access"
+PLUGIN_DIR: Final = DEVICE_PLUGIN_DIR
+CDI_DIR: Final = CDI_DYNAMIC_DIR
+HYPERVISOR_LABEL: Final = HYPERVISOR_RESOURCE
+# The chart's per-target values files, by target name.
+TARGETS: Final = ("kind", "aks", "aks-mshv")
 
 
 class ManifestError(ValueError):
     """A render parameter that would produce unsafe or invalid manifests."""
 
-
-@dataclass(frozen=True)
-class Target:
-    """What differs between clusters: the hypervisor device, pull policy and node constraints."""
-
-    name: str
-    hypervisor: str
-    pull_policy: str
-    arch: str | None
-
-    @property
-    def device(self) -> str:
-        return f"/dev/{self.hypervisor}"
-
-
-_TARGETS: Final = {
-    # kind nodes only have what `kind load` put there: Never fails fast on a missing load
-    # instead of silently pulling a different image from a registry.
-    "kind": Target("kind", "kvm", "Never", None),
-    "aks": Target("aks", "kvm", "IfNotPresent", None),
-    # MSHV root-partition images exist for x86-64 only.
-    "aks-mshv": Target("aks-mshv", "mshv", "IfNotPresent", "amd64"),
-}
-TARGETS: Final = tuple(_TARGETS)
 
 # Docker reference grammar (distribution/reference), without IPv6 registry hosts.
 _DOMAIN = (
@@ -67,11 +52,7 @@ _LABEL_NAME: Final = re.compile(r"^[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9]
 
 def default_image() -> str:
     """`hv-device-plugin:<installed version>`: a pinned tag, never latest."""
-    try:
-        version = metadata.version("hv-device-plugin")
-    except metadata.PackageNotFoundError:
-        version = "0.0.0"
-    return f"hv-device-plugin:{version}"
+    return default_plugin_image()
 
 
 def check_image(image: str) -> str:
@@ -105,56 +86,37 @@ def _check_taint_key(key: str) -> str:
     return key
 
 
-def _yaml_string(value: object) -> str:
-    # A JSON string is a valid YAML flow scalar: quoting every parameter keeps a value such as
-    # "no" or "1.0" a string and stops any value from injecting YAML structure.
-    return json.dumps(str(value))
+def image_values(image: str) -> dict[str, str]:
+    """The chart's image.repository, image.tag and image.digest of a checked reference."""
+    match = _IMAGE_RE.fullmatch(check_image(image))
+    assert match is not None  # check_image matched it
+    return {
+        "repository": match.group("name"),
+        "tag": match.group("tag") or "",
+        "digest": match.group("digest") or "",
+    }
 
 
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(  # noqa: S701 - YAML output, not HTML; parameters are quoted by `q`
-        loader=jinja2.PackageLoader("conformance.manifests", "templates"),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
+def chart_values(image: str, pool_taint: str | None = DEFAULT_POOL_TAINT) -> dict[str, Any]:
+    """What hvconform sets on top of a target's values file: the namespace object, the image
+    and the toleration of the run's pool taint (any value, any effect)."""
+    tolerations = (
+        [] if pool_taint is None else [{"key": _check_taint_key(pool_taint), "operator": "Exists"}]
     )
-    env.filters["q"] = _yaml_string
-    return env
+    return {
+        "namespace": {"create": True},
+        "image": image_values(image),
+        "tolerations": tolerations,
+    }
 
 
-def _daemonsets(target: Target) -> list[dict[str, Any]]:
-    """The two DaemonSets: what differs between them, the template holds what they share."""
-    common = ["--hypervisor-device", target.device, "--host-dev-dir", HOST_DEV_VIEW]
-    return [
-        {
-            "name": f"hv-device-access-{target.hypervisor}",
-            "component": "device-access",
-            "mode": "device-access",
-            "args": ["--mode", "device-access", *common, "--device-plugin-dir", PLUGIN_DIR],
-            "cdi": False,
-            "requests": {"cpu": "20m", "memory": "96Mi"},
-            "limits": {"cpu": "500m", "memory": "192Mi"},
-        },
-        {
-            "name": f"hv-device-plugin-{target.hypervisor}",
-            "component": "hypervisor-plugin",
-            "mode": "hypervisor",
-            "args": [
-                "--mode",
-                "hypervisor",
-                *common,
-                "--device-plugin-dir",
-                PLUGIN_DIR,
-                "--cdi-dir",
-                CDI_DIR,
-            ],
-            "cdi": True,
-            # Extended resources must have requests equal to limits.
-            "requests": {"cpu": "50m", "memory": "128Mi", DEVICE_ACCESS_RESOURCE: "1"},
-            "limits": {"cpu": "500m", "memory": "256Mi", DEVICE_ACCESS_RESOURCE: "1"},
-        },
-    ]
+@functools.lru_cache(maxsize=64)
+def _render(target: str, image: str, namespace: str, pool_taint: str | None) -> str:
+    values = chart_values(image, pool_taint)
+    try:
+        return template(_check_namespace(namespace), [target_values(target)], values)
+    except ChartError as exc:
+        raise ManifestError(str(exc)) from None
 
 
 def render_manifests(
@@ -164,30 +126,11 @@ def render_manifests(
     namespace: str = DEFAULT_NAMESPACE,
     pool_taint: str | None = DEFAULT_POOL_TAINT,
 ) -> str:
-    """Multi-document YAML for `target`; `pool_taint=None` renders no toleration."""
-    if target not in _TARGETS:
+    """Multi-document YAML for `target` (helm's output as is); `pool_taint=None` renders no
+    toleration. Cached: helm runs once per distinct set of parameters."""
+    if target not in TARGETS:
         raise ManifestError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
-    spec = _TARGETS[target]
-    context: dict[str, Any] = {
-        "target": spec,
-        "image": check_image(image),
-        "namespace": _check_namespace(namespace),
-        "pool_taint": None if pool_taint is None else _check_taint_key(pool_taint),
-        "hypervisor_label": HYPERVISOR_LABEL,
-        "host_dev_view": HOST_DEV_VIEW,
-        "plugin_dir": PLUGIN_DIR,
-        "cdi_dir": CDI_DIR,
-    }
-    env = _environment()
-    docs = [env.get_template("namespace.yaml.j2").render(context)]
-    docs += [
-        env.get_template("daemonset.yaml.j2").render(context, ds=ds) for ds in _daemonsets(spec)
-    ]
-    header = (
-        f"# Rendered by `hvconform manifests --target {target}`; edit the templates in\n"
-        "# conformance/manifests/templates, never this output.\n"
-    )
-    return header + "---\n".join(docs)
+    return _render(target, image, namespace, pool_taint)
 
 
 def render_objects(

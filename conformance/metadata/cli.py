@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from conformance.metadata import (
+from conformance.metadata.rules import (
     MetadataInputError,
     Verdict,
     check_final,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.metadata import (
+from conformance.metadata.rules import (
     MetadataInputError,
     Snapshot,
     Verdict,

@@ -2,7 +2,7 @@
 
 report.md (terminal, GitHub, step summary), report.html (self-contained, SVG timelines),
 junit.xml (CI test views) and evidence.tar.gz (every file of the run, with SHA256SUMS).
-Reporting reads results only: it imports nothing of the suite but conformance.results.
+Reporting reads results only: it imports nothing of the suite but conformance.contract.results.
 """
 
 from __future__ import annotations

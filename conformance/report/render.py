@@ -12,10 +12,10 @@ from typing import Any
 import jinja2
 from markupsafe import Markup, escape
 
+from conformance.contract.results import validate_results
 from conformance.report import evidence, junit, svg
 from conformance.report.model import ReportView, build
 from conformance.report.words import duration
-from conformance.results import validate_results
 
 STEP_SUMMARY_LIMIT = 1024 * 1024  # GitHub refuses a step summary larger than 1 MiB
 

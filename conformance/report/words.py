@@ -19,7 +19,7 @@ _EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<cls>[A-Z]\w*(?:Error|Exception
 
 
 def split_exception(reason: str) -> tuple[str, str]:
-    """("WaitExpired", "wait '...' expired ...") from "conformance.results.WaitExpired: wait ..."."""
+    """("WaitExpired", "wait '...' expired ...") from "conformance.contract.wait.WaitExpired: wait ..."."""
     text = reason.strip()
     match = _EXCEPTION.match(text)
     return (match["cls"], text[match.end() :]) if match else ("", text)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from conformance.node import Node
-from conformance.results import Recorder
+from conformance.contract.node import Node
+from conformance.contract.results import Recorder
 from conformance.scenarios import (
     atomicity,
     cdi,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from conformance.node import CAP_READ_STORM, Node, require
-from conformance.results import Recorder
+from conformance.contract.node import CAP_READ_STORM, Node, require
+from conformance.contract.results import Recorder
 from conformance.scenarios.common import fresh_guest, wait_ready, wait_spec_desired
 
 CYCLES = 30

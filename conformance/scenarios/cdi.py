@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 
-from conformance.node import CAP_READ_ONLY, Node, require, wait_for
-from conformance.results import Recorder
+from conformance.contract.node import CAP_READ_ONLY, Node, require
+from conformance.contract.results import Recorder
+from conformance.contract.wait import wait_for
 from conformance.scenarios.common import (
     FAULT_TIMEOUT_S,
     RECOVERY_TIMEOUT_S,

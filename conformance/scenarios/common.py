@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import time
 
-from conformance.node import CAP_GUEST, Node, wait_for
-from conformance.results import Recorder
+from conformance.contract.node import CAP_GUEST, Node
+from conformance.contract.results import Recorder
+from conformance.contract.wait import wait_for
 
 # How long a plugin may take to notice a fault and to recover from it. The seed measured 22-32 s
 # of recovery on AKS with a polling plugin; `hvconform run --recovery-timeout` adjusts both.

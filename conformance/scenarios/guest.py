@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from conformance.node import CAP_GUEST, Node, require
-from conformance.results import Recorder
+from conformance.contract.node import CAP_GUEST, Node, require
+from conformance.contract.results import Recorder
 
 RUNS = 6
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from conformance.node import CAP_DEVICE_REMAP, CAP_DEVICE_VIEW, Node, require, wait_for
-from conformance.results import Recorder
+from conformance.contract.node import CAP_DEVICE_REMAP, CAP_DEVICE_VIEW, Node, require
+from conformance.contract.results import Recorder
+from conformance.contract.wait import wait_for
 from conformance.scenarios.common import FAULT_TIMEOUT_S, fresh_guest, wait_ready
 
 

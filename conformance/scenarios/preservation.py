@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from conformance.node import CAP_LONG_GUEST, Node, wait_for
-from conformance.results import Recorder
+from conformance.contract.node import CAP_LONG_GUEST, Node
+from conformance.contract.results import Recorder
+from conformance.contract.wait import wait_for
 
 
 def preservation(node: Node, rec: Recorder) -> None:

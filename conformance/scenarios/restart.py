@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from conformance.node import (
+from conformance.contract.node import (
     CAP_KUBELET_CRASH,
     CAP_KUBELET_RESTART,
     CAP_LONG_GUEST,
     CAP_PLUGIN_RESTART,
     Node,
     require,
-    wait_for,
 )
-from conformance.results import Recorder
+from conformance.contract.results import Recorder
+from conformance.contract.wait import wait_for
 from conformance.scenarios.common import RECOVERY_TIMEOUT_S, fresh_guest, wait_ready
 
 

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from plugin.api.names import installed_version
+
 
 def iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
@@ -25,7 +27,7 @@ def _os_release() -> str:
 
 
 def source_commit() -> str:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"],
@@ -61,8 +63,6 @@ def _device(path: str) -> dict[str, Any]:
 
 
 def collect() -> dict[str, Any]:
-    from plugin import __version__
-
     uname = platform.uname()
     return {
         "kernel": uname.release,
@@ -71,7 +71,7 @@ def collect() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpu_count": os.cpu_count() or 0,
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-        "plugin_version": __version__,
+        "plugin_version": installed_version(),
         "source_commit": source_commit(),
         "devices": {"/dev/kvm": _device("/dev/kvm"), "/dev/mshv": _device("/dev/mshv")},
         "hostname": uname.node,

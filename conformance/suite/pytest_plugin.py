@@ -16,11 +16,9 @@ from typing import Any
 
 import pytest
 
-from conformance import environment
-from conformance.ledger import read_entries, survivors
-from conformance.metadata_twophase import TwoPhase
-from conformance.node import Node
-from conformance.results import (
+from conformance.contract.ledger import read_entries, survivors
+from conformance.contract.node import Node
+from conformance.contract.results import (
     CheckRecord,
     EnvironmentBlocked,
     NotApplicable,
@@ -29,8 +27,11 @@ from conformance.results import (
     TimelineEvent,
     write_results,
 )
+from conformance.contract.target_report import merge_reports
+from conformance.metadata.twophase import TwoPhase
 from conformance.scenarios import BY_ID, CATALOGUE, CLEANUP, Check
-from conformance.targets.target_report import merge_reports
+from conformance.suite import environment
+from conformance.targets import RUNTIMES, open_target
 
 USER_PROP = "hv_check"
 
@@ -44,7 +45,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--runtime",
         default="process",
-        choices=("process", "container"),
+        choices=RUNTIMES,
         help="local target: plugin and workloads as sandboxed processes (default) or containers",
     )
 
@@ -80,8 +81,6 @@ def worker_id(config: pytest.Config) -> str:
 
 @pytest.fixture(scope="session")
 def node(request: pytest.FixtureRequest) -> Iterator[Node]:
-    from conformance.targets.registry import open_target
-
     config = request.config
     target = config.getoption("--target")
     # The two-phase host device check wraps the node's whole life: snapshot before it exists,
@@ -97,7 +96,7 @@ def node(request: pytest.FixtureRequest) -> Iterator[Node]:
             target,
             out_dir=run_dir(),
             worker=worker_id(config),
-            plugin_cmd=config.getoption("--plugin-cmd"),
+            plugin=config.getoption("--plugin-cmd"),
             runtime=config.getoption("--runtime"),
             metadata=None if local_phases else two_phase,
         ) as target_node:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.node import Node
-from conformance.pytest_plugin import run_check
-from conformance.results import Recorder
+from conformance.contract.node import Node
+from conformance.contract.results import Recorder
 from conformance.scenarios import Check
 from conformance.suite._params import WORKLOAD_CHECKS, check_params
+from conformance.suite.pytest_plugin import run_check
 
 
 @pytest.mark.parametrize("check_id", check_params(WORKLOAD_CHECKS, include=False))

@@ -1,112 +1,97 @@
-"""Targets the conformance suite runs against; the local one needs no cluster.
+"""The target registry: every target by name, and the module that implements it.
 
-`launcher` (standard library only, also run by file path) enters namespaces, builds a private
-/dev and drops privileges before exec; `netns` makes a named network namespace joined to the root
-namespace by a veth pair; `sandbox` runs a plugin in a pod-like sandbox; `runtime` runs workloads
-the way a container runtime applies CDI edits. This module holds the standard-library helpers
-they share (process and namespace inspection, deadline waits); it imports nothing else, because
-`python -m conformance.targets.launcher` imports it first and must not pull in pyroute2.
+Standard library only, and the only place that knows which family implements which target (the
+Kubernetes e2e provider registry is the model): a family module is imported by name when its
+target is chosen, so families never import each other through the registry, and adding a target
+is one entry here plus its module. Each family module exposes
+
+    open_node(*, out_dir, worker, plugin, metadata) -> context manager yielding a Node
+
+and cluster families (created and deleted by the suite) also `build_plan(options, objects)` and
+`plan_text(options)` for `--dry-run`. Families by folder: `local/` (processes on this machine,
+the kubelet emulator), `container/` (the plugin under Docker, workloads under podman), `cluster/`
+(anything with an API server: kind, AKS), `realnode/` (a real kubelet on this machine).
 """
 
 from __future__ import annotations
 
-import os
-import select
-import time
+import importlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
-
-T = TypeVar("T")
+from typing import Any
 
 
-def wait_until(
-    predicate: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.01
-) -> T:
-    """Poll until `predicate` returns something truthy; TimeoutError names the wait."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
+@dataclass(frozen=True)
+class Target:
+    module: str  # the family module implementing it
+    about: str  # one line for --help
+    runtimes: tuple[str, ...] = ("process",)  # how the plugin and workloads run (first: default)
+    cluster: bool = False  # the suite creates and deletes it: it has a --dry-run plan
 
 
-def read_handshake(fd: int, timeout_s: float, what: str) -> str:
-    """Parent side of the launcher's --exec-fd: read to EOF and close.
+# How a runtime other than the default is implemented (local target only).
+RUNTIME_MODULES: dict[str, str] = {"container": "conformance.targets.container.node"}
 
-    "" means ARGV was exec'ed (the fd is close-on-exec in the launcher); otherwise the launcher
-    wrote "CODE:message" and exited with CODE.
-    """
-    deadline = time.monotonic() + timeout_s
-    data = b""
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"timed out after {timeout_s}s waiting for {what} to exec")
-            ready, _, _ = select.select([fd], [], [], left)
-            if ready:
-                chunk = os.read(fd, 4096)
-                if not chunk:
-                    return data.decode(errors="replace")
-                data += chunk
-    finally:
-        os.close(fd)
+TARGETS: dict[str, Target] = {
+    "local": Target(
+        "conformance.targets.local.node",
+        "this machine, no cluster: kubelet emulator, sandboxed plugin (default)",
+        runtimes=("process", "container"),
+    ),
+    "kind": Target("conformance.targets.cluster.kind", "a throwaway KIND cluster", cluster=True),
+    "aks": Target("conformance.targets.cluster.aks", "a temporary AKS node pool", cluster=True),
+    "node": Target("conformance.targets.realnode.node", "a real kubelet on this machine"),
+}
+RUNTIMES: tuple[str, ...] = ("process", *RUNTIME_MODULES)
 
 
-def process_state(pid: int) -> str | None:
-    """The state letter from /proc/<pid>/stat (R, S, Z, ...), None when the pid is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[0]
+class UnknownTarget(ValueError):
+    """A target or runtime name that is not registered; the message lists the choices."""
 
 
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    return process_state(pid) not in (None, "Z")
+def module_for(name: str, runtime: str = "process") -> Any:
+    """Import and return the family module implementing `name` under `runtime`."""
+    target = TARGETS.get(name)
+    if target is None:
+        raise UnknownTarget(f"unknown target {name!r}: choose one of {', '.join(TARGETS)}")
+    if runtime not in target.runtimes:
+        raise UnknownTarget(
+            f"runtime {runtime!r} is not available on target {name!r}: "
+            f"choose one of {', '.join(target.runtimes)}"
+        )
+    return importlib.import_module(RUNTIME_MODULES.get(runtime, target.module))
 
 
-def mount_namespace(pid: int) -> str | None:
-    """The `mnt:[inode]` of a process, None when it is gone."""
-    try:
-        return str(Path(f"/proc/{pid}/ns/mnt").readlink())
-    except OSError:
-        return None
+def open_target(
+    name: str,
+    *,
+    out_dir: Path,
+    worker: str,
+    plugin: Any,
+    runtime: str = "process",
+    metadata: object | None = None,
+) -> AbstractContextManager[Any]:
+    """A context manager yielding the target's Node; its teardown always runs."""
+    opener: Callable[..., AbstractContextManager[Any]] = module_for(name, runtime).open_node
+    return opener(out_dir=out_dir, worker=worker, plugin=plugin, metadata=metadata)
 
 
-def namespace_members(mnt_ns: str) -> list[int]:
-    """Live processes whose mount namespace is `mnt_ns`: what keeps its mounts alive."""
-    pids = (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
-    return [pid for pid in pids if mount_namespace(pid) == mnt_ns and alive(pid)]
+def cluster_module(name: str) -> Any:
+    """The family module of a cluster target (one with a plan)."""
+    if name not in TARGETS or not TARGETS[name].cluster:
+        clusters = ", ".join(n for n, t in TARGETS.items() if t.cluster)
+        raise UnknownTarget(f"target {name!r} has no plan: choose one of {clusters}")
+    return module_for(name)
 
 
-def mount_points(pid: int | str = "self") -> list[str]:
-    """Mount points as process `pid` sees them (repeated when mounts are stacked)."""
-    lines = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
-    return [line.split()[4].replace("\\040", " ") for line in lines]
+def build_plan(name: str, options: Any, *, objects: list[dict[str, Any]] | None = None) -> Any:
+    """Every step of a cluster run in order, cleanup included; executes nothing."""
+    return cluster_module(name).build_plan(options.with_(target=name).validate(), objects)
 
 
-def proc_status(pid: int | str = "self") -> dict[str, str]:
-    """/proc/<pid>/status as field -> whitespace-normalised value."""
-    fields: dict[str, str] = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        fields[key] = " ".join(value.split())
-    return fields
-
-
-__all__ = [
-    "alive",
-    "mount_namespace",
-    "mount_points",
-    "namespace_members",
-    "proc_status",
-    "process_state",
-    "read_handshake",
-    "wait_until",
-]
+def plan_text(name: str, options: Any) -> str:
+    """What `--dry-run` prints."""
+    text: str = cluster_module(name).plan_text(options.with_(target=name).validate())
+    return text

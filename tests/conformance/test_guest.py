@@ -10,13 +10,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conformance.contract.wait import wait_for
 from conformance.guest import kvm_guest
 from conformance.guest.kvm_guest import (
     COUNTER_ADDR,
@@ -71,15 +71,6 @@ def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 
 def _json_lines(out: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.splitlines() if line.strip()]
-
-
-def _wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll a condition until it holds or the deadline passes."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.01)
 
 
 # ---------------------------------------------------------------- KVM guest, in process
@@ -269,7 +260,7 @@ def test_counter_rises_and_stops_on_sigterm(node_dir: Path) -> None:
         return bool(state["counter"] > 5)
 
     try:
-        _wait_until(passed_five, 30, "the guest counter to pass 5")
+        wait_for(passed_five, 30, "the guest counter to pass 5")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=10)
     finally:

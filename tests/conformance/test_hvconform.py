@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conformance.results import validate_results
+from conformance.contract.results import validate_results
 from conformance.scenarios import CATALOGUE
 
 ROOT = Path(__file__).resolve().parents[2]

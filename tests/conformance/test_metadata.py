@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from conformance import metadata, metadata_cli
-from conformance.metadata import Context, MetadataInputError, Snapshot, Verdict, Violation
+from conformance.metadata import cli as metadata_cli
+from conformance.metadata import rules as metadata
+from conformance.metadata.rules import Context, MetadataInputError, Snapshot, Verdict, Violation
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "fixtures" / "metadata"
@@ -227,7 +228,7 @@ def test_group_lookup_from_stdin(
         capsys.readouterr()
 
 
-@pytest.mark.parametrize("entry", ["conformance.metadata_cli", "conformance.cli"])
+@pytest.mark.parametrize("entry", ["conformance.metadata.cli", "conformance.cli"])
 def test_cli_as_a_process(entry: str, tmp_path: Path) -> None:
     """`python -m`: conformance.cli needs the lead's `register` line in cli._subcommands()."""
     case = CASES["startup-mode-changed"]

@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
+from conformance.contract.ledger import Ledger, read_entries, survivors
+from conformance.contract.wait import wait_for
 from conformance.guest.cdi_resolve import UnresolvableCDIDevice
-from conformance.ledger import Ledger, read_entries, survivors
-from conformance.targets import alive, wait_until
-from conformance.targets.runtime import (
+from conformance.targets.local.procs import alive
+from conformance.targets.local.runtime import (
     WorkloadStartError,
     guest_command,
     run_workload,
@@ -232,10 +233,9 @@ def test_long_running_counter_stops_cleanly(
             assert data["ok"], data
             return int(data["counter"])
 
-        first = wait_until(lambda: counter() >= 3, 20, "the guest counter to reach 3")
-        assert first
+        wait_for(lambda: counter() >= 3, 20, "the guest counter to reach 3")
         reached = counter()
-        wait_until(lambda: counter() > reached, 10, f"the guest counter to pass {reached}")
+        wait_for(lambda: counter() > reached, 10, f"the guest counter to pass {reached}")
         assert json.loads(state.read_text())["pid"] == proc.pid  # exec'ed: same process
         assert state.stat().st_uid == 65534
         proc.send_signal(signal.SIGTERM)

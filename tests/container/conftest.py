@@ -13,8 +13,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from conformance.images import ImageSet, ensure_images, export_rootfs
-from conformance.targets.engine import DockerEngine
+from conformance.targets.container.engine import DockerEngine
+from conformance.targets.container.images import ImageSet, ensure_images, export_rootfs
 
 INSTALL_HINT = "scripts/bootstrap (apt-get install docker.io debootstrap podman)"
 

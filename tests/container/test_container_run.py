@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.results import validate_results
+from conformance.contract.results import validate_results
 
 pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +20,7 @@ def test_guest_check_under_docker_and_podman(tmp_path: Path) -> None:
     out = tmp_path / "run"
     cmd = [
         sys.executable, "-m", "pytest", str(SUITE), "-c", str(SUITE / "pytest.ini"),
-        "--rootdir", str(SUITE), "-p", "conformance.pytest_plugin", "-p", "no:cacheprovider",
+        "--rootdir", str(SUITE), "-p", "conformance.suite.pytest_plugin", "-p", "no:cacheprovider",
         "--runtime", "container", "--out", str(out), "-m", "guest", "-q",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)

@@ -8,8 +8,8 @@ import tarfile
 import docker
 import pytest
 
-from conformance import images as img
-from conformance.images import ImageSet
+from conformance.targets.container import images as img
+from conformance.targets.container.images import ImageSet
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from conformance.images import ImageSet
-from conformance.ledger import Entry, Ledger, read_entries, still_present
-from conformance.targets.engine import DockerEngine
+from conformance.contract.ledger import Entry, Ledger, read_entries, still_present
+from conformance.targets.container.engine import DockerEngine
+from conformance.targets.container.images import ImageSet
 
 pytestmark = [pytest.mark.root]
 

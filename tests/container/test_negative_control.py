@@ -10,9 +10,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from conformance.images import ImageSet, image_config
-from conformance.ledger import Ledger, read_entries, survivors
-from conformance.targets.podman import PodmanRuntime
+from conformance.contract.ledger import Ledger, read_entries, survivors
+from conformance.targets.container.images import ImageSet, image_config
+from conformance.targets.container.podman import PodmanRuntime
 from plugin.cdi import CdiReconciler, desired_spec, qualified_name
 
 pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow]

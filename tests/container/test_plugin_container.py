@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from conformance.images import ImageSet
-from conformance.ledger import Entry, Ledger, read_entries, still_present, survivors
-from conformance.node import wait_for
-from conformance.targets.engine import DockerEngine
-from conformance.targets.plugin_container import PluginContainer
+from conformance.contract.ledger import Entry, Ledger, read_entries, still_present, survivors
+from conformance.contract.wait import wait_for
+from conformance.targets.container.engine import DockerEngine
+from conformance.targets.container.images import ImageSet
+from conformance.targets.container.plugin_container import PluginContainer
 
 pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow]
 

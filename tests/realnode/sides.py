@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from conformance.kubelet import ThreadedKubeletEmulator
-from conformance.targets.node import CDI_DIR, NODE_NAME, PLUGIN_DIR, RUN, procs, stack
-from conformance.targets.node.configs import NAMESPACE, workload_pod
-from conformance.targets.node.kubeapi import Api, ApiError, quantity
+from conformance.targets.realnode import CDI_DIR, NODE_NAME, PLUGIN_DIR, RUN, procs, stack
+from conformance.targets.realnode.configs import NAMESPACE, workload_pod
+from conformance.targets.realnode.kubeapi import Api, ApiError, quantity
 from tests.conformance.minimal_plugin import Faults, MinimalPlugin
 
 T = TypeVar("T")

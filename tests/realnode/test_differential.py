@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from conformance.targets.node import BIN, CDI_DIR, REPO, procs
-from conformance.targets.node.configs import PKI
+from conformance.targets.realnode import BIN, CDI_DIR, REPO, procs
+from conformance.targets.realnode.configs import PKI
 from plugin.api import deviceplugin_pb2 as pb
 from tests.conformance.minimal_plugin import HEALTHY, UNHEALTHY, Faults
 from tests.realnode.sides import EmulatorSide, PluginThread, RealSide, Side, settle, write_cdi_spec

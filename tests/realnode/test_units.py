@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from conformance.targets.node import KUBERNETES_VERSION, REPO, STAGING_VERSION
-from conformance.targets.node.build import render_build_module
-from conformance.targets.node.configs import containerd_config, kubelet_config
-from conformance.targets.node.image import image_archive
-from conformance.targets.node.kubeapi import _devices, fields, quantity
-from conformance.targets.node.pki import kubeconfig, make_pki
+from conformance.targets.realnode import KUBERNETES_VERSION, REPO, STAGING_VERSION
+from conformance.targets.realnode.build import render_build_module
+from conformance.targets.realnode.configs import containerd_config, kubelet_config
+from conformance.targets.realnode.image import image_archive
+from conformance.targets.realnode.kubeapi import _devices, fields, quantity
+from conformance.targets.realnode.pki import kubeconfig, make_pki
 
 RELEASE_GO_MOD = """module k8s.io/kubernetes
 

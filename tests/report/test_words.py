@@ -51,7 +51,10 @@ def test_unknown_metrics_are_shown_not_dropped() -> None:
 
 
 def test_reasons_name_the_wait_or_the_error() -> None:
-    wait = "conformance.results.WaitExpired: wait 'plugin readiness (x)' expired after 60s (last: False)"
+    wait = (
+        "conformance.contract.wait.WaitExpired: "
+        "wait 'plugin readiness (x)' expired after 60s (last: False)"
+    )
     assert words.wait_expired(wait) == ("plugin readiness (x)", "60 s", "False")
     assert words.reason_in_words(wait) == (
         'wait "plugin readiness (x)" expired after 60 s; last value seen: False'
@@ -118,7 +121,9 @@ def test_timeline_draws_every_event_and_the_outage() -> None:
 
 
 def test_a_failed_timeline_ends_in_the_failure() -> None:
-    reason = "conformance.results.WaitExpired: wait 'spec again' expired after 3s (last: None)"
+    reason = (
+        "conformance.contract.wait.WaitExpired: wait 'spec again' expired after 3s (last: None)"
+    )
     root = elements(svg.timeline(check("failed", reason)))
     ns = "{http://www.w3.org/2000/svg}"
     failed = [t.text for t in root.iter(f"{ns}text") if "failed" in str(t.get("class"))]

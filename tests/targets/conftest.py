@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conformance.targets.plan import ClusterOptions
+from conformance.targets.cluster.plan import ClusterOptions
 from tests.targets.fake_kube import FakeKube
 from tests.targets.fakes import CONTRACTS, install_fakes, load_rules, read_log
 

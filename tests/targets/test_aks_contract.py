@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from conformance.node import CAP_DEVICE_VIEW, CAP_GUEST, CAP_LONG_GUEST, CAP_PLUGIN_RESTART
-from conformance.results import EnvironmentBlocked, NotApplicable
-from conformance.targets.clusterrun import open_cluster
-from conformance.targets.lifecycle import CleanupIncomplete, Terminated
-from conformance.targets.plan import build_plan
+from conformance.contract.node import CAP_DEVICE_VIEW, CAP_GUEST, CAP_LONG_GUEST, CAP_PLUGIN_RESTART
+from conformance.contract.results import EnvironmentBlocked, NotApplicable
+from conformance.targets import build_plan
+from conformance.targets.cluster.aks import AksLifecycle
+from conformance.targets.cluster.lifecycle import CleanupIncomplete, Terminated
+from conformance.targets.cluster.run import open_cluster
 from tests.targets.conftest import Recorded, contract_options, recorded_objects
 from tests.targets.test_kind_contract import planned_commands
 
@@ -31,7 +32,8 @@ def aks_run(recorded: Recorded, **kw: Any) -> tuple[Any, ...]:
     options = contract_options("aks", recorded.tmp, **kw)
     objects = recorded_objects(options.plugin_namespace, options.hypervisor)
     out = recorded.tmp / "out"
-    return options, objects, out, open_cluster(options, out_dir=out, objects=objects)
+    lifecycle = AksLifecycle(options.validate(), objects)
+    return options, objects, out, open_cluster(lifecycle, out_dir=out)
 
 
 def issued(recorded: Recorded) -> list[str]:

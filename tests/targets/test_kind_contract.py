@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 
-from conformance.node import CAP_GUEST, CAP_READ_STORM, CAP_SOCKET_REDIRECT
-from conformance.targets.clusterrun import open_cluster
-from conformance.targets.lifecycle import Terminated
-from conformance.targets.plan import Step, build_plan
+from conformance.contract.node import CAP_GUEST, CAP_READ_STORM, CAP_SOCKET_REDIRECT
+from conformance.targets import build_plan
+from conformance.targets.cluster.kind import KindLifecycle
+from conformance.targets.cluster.lifecycle import Terminated
+from conformance.targets.cluster.plan import Step
+from conformance.targets.cluster.run import open_cluster
 from tests.targets.conftest import FakeMetadata, Recorded, contract_options, recorded_objects
 
 NODE = "hvconform-control-plane"
@@ -28,7 +30,8 @@ def kind_run(recorded: Recorded, meta: FakeMetadata | None = None, **kw: Any) ->
     options = contract_options("kind", recorded.tmp, **kw)
     objects = recorded_objects(options.plugin_namespace)
     out = recorded.tmp / "out"
-    cm = open_cluster(options, out_dir=out, objects=objects, metadata=meta or FakeMetadata())
+    lifecycle = KindLifecycle(options.validate(), objects, metadata=meta or FakeMetadata())
+    cm = open_cluster(lifecycle, out_dir=out)
     return options, objects, out, cm
 
 

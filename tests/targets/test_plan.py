@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from conformance.targets.plan import ClusterOptions, build_plan, render_plan
+from conformance.targets import build_plan
+from conformance.targets.cluster.plan import ClusterOptions, render_plan
 from tests.targets.conftest import RUN_ID, recorded_objects
 
 PLANS = Path(__file__).resolve().parents[2] / "fixtures" / "plans"

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from conformance import metadata_cli
+from conformance.metadata import cli as metadata_cli
 from tests.workflows import actions
 
 FIXTURES = actions.ROOT / "fixtures" / "metadata"

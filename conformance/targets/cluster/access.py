@@ -15,15 +15,16 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from conformance.node import Area, FileInfo
-from conformance.targets.kube import ExecResult, KubeApi
+from conformance.contract.node import Area, FileInfo
+from conformance.targets.cluster.kube import ExecResult, KubeApi
+from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR, KUBELET_SOCKET
 
-CDI_DIR = "/var/run/cdi"
+CDI_DIR = CDI_DYNAMIC_DIR
 STATE_DIR = "/var/lib/hvconform"  # everything the harness puts on a node, removed in cleanup
 HOST_VIEW = f"{STATE_DIR}/host-dev"  # isolated host-device view: faults never touch real /dev
 EMPTY_SOCKETS = f"{STATE_DIR}/empty-sockets"
 RO_STAGING = f"{STATE_DIR}/ro-cdi"
-KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
+KUBELET_SOCKET_PATH = f"{DEVICE_PLUGIN_DIR}/{KUBELET_SOCKET}"
 MISSING = 3  # exit status the scripts use for "no such file"
 EXISTS = 17
 
@@ -219,7 +220,7 @@ class NodeFiles:
         self.sh("replace-char", self._path(area, name), str(major), str(minor))
 
     def device_metadata(self, path: str) -> dict[str, int | str]:
-        """What the two-phase check compares, as conformance.targets.local_io reports it."""
+        """What the two-phase check compares, as conformance.targets.local.hostfiles reports it."""
         info = self.stat_path(path)
         if info is None:
             return {"type": "missing"}

@@ -10,18 +10,26 @@ original node labels and pre-existing pod UIDs and restart counts unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from conformance.node import wait_for
-from conformance.targets.clusterrun import ClusterLifecycle
-from conformance.targets.deploy import manifest_yaml
-from conformance.targets.kube import Obj, resource_path
-from conformance.targets.lifecycle import Action
-from conformance.targets.nodeaccess import CommandFailed, NodeAccess, PodExecAccess, pod_exec_text
-from conformance.targets.plan import ClusterOptions, Step
-from conformance.targets.workloads import (
+from conformance.contract.wait import wait_for
+from conformance.targets.cluster.access import (
+    CommandFailed,
+    NodeAccess,
+    PodExecAccess,
+    pod_exec_text,
+)
+from conformance.targets.cluster.deploy import manifest_yaml
+from conformance.targets.cluster.kube import Obj, resource_path
+from conformance.targets.cluster.lifecycle import Action
+from conformance.targets.cluster.node import ClusterNode
+from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
+from conformance.targets.cluster.run import ClusterLifecycle, open_cluster
+from conformance.targets.cluster.workloads import (
     MANAGED,
     RUN_LABEL,
     TAINT_KEY,
@@ -360,6 +368,23 @@ class AksLifecycle(ClusterLifecycle):
         )
 
 
-def aks_steps(options: ClusterOptions, objects: list[Obj] | None = None) -> list[Step]:
+def build_plan(options: ClusterOptions, objects: list[Obj] | None = None) -> list[Step]:
     """The AKS plan; builds the lifecycle without running anything."""
     return AksLifecycle(options, objects).steps()
+
+
+def plan_text(options: ClusterOptions) -> str:
+    """What `--dry-run` prints for AKS."""
+    where = f"AKS {options.resource_group}/{options.cluster}, {options.hypervisor}"
+    return render_plan(build_plan(options), f"hvconform plan: {where}, image {options.image}")
+
+
+@contextlib.contextmanager
+def open_node(
+    *, out_dir: Path, worker: str, plugin: object, metadata: object | None = None
+) -> Iterator[ClusterNode]:
+    """The registry's entry: a temporary AKS node pool, its node, always deleted. The node's
+    device is not on this machine, so there is no host metadata to check here."""
+    options = ClusterOptions.from_env().with_(target="aks").validate()
+    with open_cluster(AksLifecycle(options, None), out_dir=out_dir) as node:
+        yield node

@@ -12,8 +12,9 @@ from typing import Any
 
 import yaml
 
-from conformance.results import EnvironmentBlocked, WaitExpired
-from conformance.targets.kube import (
+from conformance.contract.results import EnvironmentBlocked
+from conformance.contract.wait import WaitExpired
+from conformance.targets.cluster.kube import (
     CLUSTER_SCOPED,
     ApiError,
     KubeApi,
@@ -22,8 +23,8 @@ from conformance.targets.kube import (
     object_path,
     resource_path,
 )
-from conformance.targets.lifecycle import RunReport
-from conformance.targets.plan import ClusterOptions, Step
+from conformance.targets.cluster.lifecycle import RunReport
+from conformance.targets.cluster.plan import ClusterOptions, Step
 
 POLICY_WORDS = ("admission", "denied", "policy", "safeguard", "gatekeeper", "forbidden")
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from conformance.node import CAP_GUEST, Allocation, GuestOutcome, wait_for
-from conformance.targets.kube import KubeApi, Obj
-from conformance.targets.nodeaccess import NodeAccess, NodeFiles
-from conformance.targets.plan import ClusterOptions
-from conformance.targets.workloads import workload_pod
+from conformance.contract.node import CAP_GUEST, Allocation, GuestOutcome
+from conformance.contract.wait import wait_for
+from conformance.targets.cluster.access import NodeAccess, NodeFiles
+from conformance.targets.cluster.kube import KubeApi, Obj
+from conformance.targets.cluster.plan import ClusterOptions
+from conformance.targets.cluster.workloads import workload_pod
 
 FAILED_WAITING = ("CreateContainerError", "CreateContainerConfigError", "RunContainerError")
 

@@ -9,18 +9,22 @@ startup may change only the GID, to the node's own kvm group; the final check mu
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Protocol
 
-from conformance.targets.clusterrun import ClusterLifecycle, quote
-from conformance.targets.kube import Obj
-from conformance.targets.lifecycle import Action
-from conformance.targets.nodeaccess import DockerExecAccess, NodeAccess
-from conformance.targets.plan import ClusterOptions, Step
+from conformance.targets.cluster.access import DockerExecAccess, NodeAccess
+from conformance.targets.cluster.kube import Obj
+from conformance.targets.cluster.lifecycle import Action
+from conformance.targets.cluster.node import ClusterNode
+from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
+from conformance.targets.cluster.run import ClusterLifecycle, open_cluster, quote
 
 
 class MetadataCheck(Protocol):
-    """conformance.metadata_twophase.TwoPhase, as this module uses it."""
+    """conformance.metadata.twophase.TwoPhase, as this module uses it."""
 
     def snapshot_original(self) -> object: ...
     def check_startup(self, node_kvm_gid: int | str | None = None) -> object: ...
@@ -29,9 +33,9 @@ class MetadataCheck(Protocol):
 
 
 def default_metadata(device: str) -> MetadataCheck | None:
-    """The two-phase helper (conformance.metadata_twophase); None when it cannot be imported."""
+    """The two-phase helper (conformance.metadata.twophase); None when it cannot be imported."""
     try:
-        module = importlib.import_module("conformance.metadata_twophase")
+        module = importlib.import_module("conformance.metadata.twophase")
     except ImportError:
         return None
     check: MetadataCheck = module.TwoPhase(device)
@@ -160,7 +164,7 @@ class KindLifecycle(ClusterLifecycle):
         if self.metadata is None:
             self.metadata = default_metadata(self.options.device)
         if self.metadata is None:
-            self.report.verify(f"metadata {phase}", False, "conformance.metadata_twophase missing")
+            self.report.verify(f"metadata {phase}", False, "conformance.metadata.twophase missing")
             return
         if phase == "snapshot":
             self.metadata.snapshot_original()  # raises when the host device cannot be lstat'ed
@@ -190,6 +194,23 @@ class KindLifecycle(ClusterLifecycle):
         self.report.verify("kind cluster deleted", gone, f"kind get clusters: {listed}")
 
 
-def kind_steps(options: ClusterOptions, objects: list[Obj] | None = None) -> list[Step]:
+def build_plan(options: ClusterOptions, objects: list[Obj] | None = None) -> list[Step]:
     """The kind plan; builds the lifecycle without running anything."""
     return KindLifecycle(options, objects).steps()
+
+
+def plan_text(options: ClusterOptions) -> str:
+    """What `--dry-run` prints for kind."""
+    title = f"hvconform plan: kind cluster {options.cluster_name}, image {options.image}"
+    return render_plan(build_plan(options), title)
+
+
+@contextlib.contextmanager
+def open_node(
+    *, out_dir: Path, worker: str, plugin: object, metadata: object | None = None
+) -> Iterator[ClusterNode]:
+    """The registry's entry: a kind cluster made for this run, its node, always deleted."""
+    options = ClusterOptions.from_env().with_(target="kind").validate()
+    extra = {"metadata": metadata} if metadata is not None else {}
+    with open_cluster(KindLifecycle(options, None, **extra), out_dir=out_dir) as node:  # type: ignore[arg-type]
+        yield node

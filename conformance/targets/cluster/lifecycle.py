@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from conformance.targets.plan import Step
+from conformance.targets.cluster.plan import Step
 
 Action = Callable[[Step], None]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from conformance.node import (
+from conformance.contract.node import (
     CAP_DEVICE_REMAP,
     CAP_DEVICE_VIEW,
     CAP_GUEST,
@@ -25,28 +25,29 @@ from conformance.node import (
     Area,
     FileInfo,
     ReadStorm,
-    wait_for,
 )
-from conformance.targets.deploy import Deployer
-from conformance.targets.guests import GuestPods, container_id, running
-from conformance.targets.kube import KubeApi, Obj
-from conformance.targets.nodeaccess import (
+from conformance.contract.wait import wait_for
+from conformance.targets.cluster.access import (
     CDI_DIR,
-    KUBELET_SOCKET,
+    KUBELET_SOCKET_PATH,
     RO_STAGING,
     NodeAccess,
     NodeAccessError,
     NodeFiles,
 )
-from conformance.targets.plan import ClusterOptions
-from conformance.targets.workloads import (
+from conformance.targets.cluster.deploy import Deployer
+from conformance.targets.cluster.guests import GuestPods, container_id, running
+from conformance.targets.cluster.kube import KubeApi, Obj
+from conformance.targets.cluster.plan import ClusterOptions
+from conformance.targets.cluster.workloads import (
     RESOURCE,
     Layout,
     variant_device_unusable,
     variant_sockets_empty,
 )
+from plugin.api.names import SPEC_FILENAME
 
-SPEC_NAME = "hyperlight.json"
+SPEC_NAME = SPEC_FILENAME
 SENTINELS = {
     "zz-unrelated-vendor.json": b'{\n  "cdiVersion": "0.5.0",\n  "kind": "example.com/sentinel",\n'
     b'  "devices": [{"name": "s0", "containerEdits": {"env": ["SENTINEL=1"]}}]\n}\n',
@@ -54,7 +55,7 @@ SENTINELS = {
 }
 KUBELET_STATE = (
     'printf "%s %s %s\\n" "$(systemctl show -p MainPID --value kubelet)" '
-    f'"$(stat -c %.9Y {KUBELET_SOCKET} 2>/dev/null || echo 0)" "$(date +%s.%N)"'
+    f'"$(stat -c %.9Y {KUBELET_SOCKET_PATH} 2>/dev/null || echo 0)" "$(date +%s.%N)"'
 )
 REGISTRATIONS = (
     'journalctl -u kubelet -o short-unix --no-pager --since "@$1" '

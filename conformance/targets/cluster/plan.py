@@ -10,16 +10,17 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from conformance.targets import TARGETS as REGISTRY
+
 Phase = Literal["setup", "cleanup", "verify"]
-TARGETS = ("kind", "aks")
+TARGETS = tuple(name for name, target in REGISTRY.items() if target.cluster)
 HYPERVISORS = ("kvm", "mshv")
 ENV_OPTIONS = "HV_CLUSTER_OPTIONS"
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass(frozen=True)
@@ -155,34 +156,3 @@ def _shell(argv: tuple[str, ...]) -> str:
     import shlex
 
     return " ".join(shlex.quote(a) for a in argv)
-
-
-PlanBuilder = Callable[[ClusterOptions, "list[dict[str, Any]] | None"], list[Step]]
-
-
-def build_plan(
-    target: str, options: ClusterOptions, *, objects: list[dict[str, Any]] | None = None
-) -> list[Step]:
-    """Every step of a cluster run in order, cleanup included; executes nothing.
-
-    `objects` are the rendered manifests (default: conformance.manifests.render_objects).
-    """
-    options = options.with_(target=target).validate()
-    if target == "kind":
-        from conformance.targets.kind import kind_steps
-
-        return kind_steps(options, objects)
-    from conformance.targets.aks import aks_steps
-
-    return aks_steps(options, objects)
-
-
-def plan_text(target: str, options: ClusterOptions) -> str:
-    """What `--dry-run` prints."""
-    steps = build_plan(target, options)
-    where = (
-        f"kind cluster {options.cluster_name}"
-        if target == "kind"
-        else f"AKS {options.resource_group}/{options.cluster}, {options.hypervisor}"
-    )
-    return render_plan(steps, f"hvconform plan: {where}, image {options.image}")

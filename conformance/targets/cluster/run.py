@@ -12,22 +12,21 @@ import importlib
 import shlex
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-from conformance.results import NotApplicable
-from conformance.targets.cluster import ClusterNode
-from conformance.targets.deploy import Deployer, deploy_steps
-from conformance.targets.kube import KubeApi, Obj
-from conformance.targets.lifecycle import Action, CleanupIncomplete, Runbook, RunReport
-from conformance.targets.nodeaccess import (
+from conformance.contract.results import NotApplicable
+from conformance.targets.cluster.access import (
     EMPTY_SOCKETS,
     HOST_VIEW,
     STATE_DIR,
     CommandRunner,
     NodeAccess,
 )
-from conformance.targets.plan import ClusterOptions, Step
-from conformance.targets.workloads import Layout, namespace, plugin_daemonset, prepare
+from conformance.targets.cluster.deploy import Deployer, deploy_steps
+from conformance.targets.cluster.kube import KubeApi, Obj
+from conformance.targets.cluster.lifecycle import Action, CleanupIncomplete, Runbook, RunReport
+from conformance.targets.cluster.node import ClusterNode
+from conformance.targets.cluster.plan import ClusterOptions, Step
+from conformance.targets.cluster.workloads import Layout, namespace, plugin_daemonset, prepare
 
 ApiFactory = Callable[[str], KubeApi]
 
@@ -220,25 +219,10 @@ def quote(argv: list[str]) -> str:
     return shlex.join(argv)
 
 
-def lifecycle_for(
-    options: ClusterOptions, objects: list[Obj] | None = None, **kw: Any
-) -> ClusterLifecycle:
-    if options.target == "kind":
-        from conformance.targets.kind import KindLifecycle
-
-        return KindLifecycle(options, objects, **kw)
-    from conformance.targets.aks import AksLifecycle
-
-    return AksLifecycle(options, objects, **kw)
-
-
 @contextlib.contextmanager
-def open_cluster(
-    options: ClusterOptions, *, out_dir: Path, objects: list[Obj] | None = None, **kw: Any
-) -> Iterator[ClusterNode]:
+def open_cluster(lifecycle: ClusterLifecycle, *, out_dir: Path) -> Iterator[ClusterNode]:
     """Set the cluster up, yield its node, clean up always; the report goes to out_dir."""
-    lifecycle = lifecycle_for(options.validate(), objects, **kw)
-    report_path = out_dir / f"cluster-{options.target}.json"
+    report_path = out_dir / f"cluster-{lifecycle.options.target}.json"
     body_failed = False
     try:
         with lifecycle.runbook().running():

@@ -11,15 +11,17 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from conformance.targets.kube import Obj
-from conformance.targets.nodeaccess import EMPTY_SOCKETS, HOST_VIEW
+from conformance.targets.cluster.access import EMPTY_SOCKETS, HOST_VIEW
+from conformance.targets.cluster.kube import Obj
+from plugin.api.names import DEVICE_ACCESS_RESOURCE, HYPERVISOR_RESOURCE
+from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
 
-RESOURCE = "hyperlight.dev/hypervisor"
-ACCESS_RESOURCE = "hyperlight.dev/device-access"
+RESOURCE = HYPERVISOR_RESOURCE
+ACCESS_RESOURCE = DEVICE_ACCESS_RESOURCE
 RUN_LABEL = "hyperlight.dev/conformance-run"
 TAINT_KEY = "hyperlight.dev/conformance"
 MANAGED = {"app.kubernetes.io/managed-by": "hvconform"}
-DEVICE_PLUGINS_DIR = "/var/lib/kubelet/device-plugins"
+DEVICE_PLUGINS_DIR = DEVICE_PLUGIN_DIR
 STATE_MOUNT = "/state"
 GUEST_MODULE = ["python", "-m", "conformance.guest"]
 
@@ -105,7 +107,7 @@ def prepare(
         if path == "/dev":
             vol["hostPath"] = {"path": HOST_VIEW, "type": "Directory"}
             layout.host_view_isolated = True
-        elif path == "/var/run/cdi":
+        elif path == CDI_DYNAMIC_DIR:
             prop = _mount_of(container, vol["name"]).get("mountPropagation", "None")
             layout.cdi_propagates = prop in ("HostToContainer", "Bidirectional")
         elif path == DEVICE_PLUGINS_DIR:

@@ -34,7 +34,9 @@ from typing import Any
 
 import docker
 
-REPO = Path(__file__).resolve().parents[1]
+from plugin.api.names import GUEST_IMAGE_REPOSITORY, PLUGIN_IMAGE_REPOSITORY, installed_version
+
+REPO = Path(__file__).resolve().parents[3]
 CACHE_DIR = Path(os.environ.get("HV_IMAGE_CACHE", "/var/cache/hv-images"))
 SUITE = "bookworm"
 MIRROR = os.environ.get("HV_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -238,13 +240,11 @@ def build_plugin(
     client: docker.DockerClient, base: BuiltImage, wheels: Path, log: Log
 ) -> BuiltImage:
     """hv-device-plugin:<version>-<key>, installed offline from the wheelhouse."""
-    from plugin import __version__
-
     files = {f"build/wheelhouse/{w.name}": w.read_bytes() for w in sorted(wheels.glob("*.whl"))}
     # Wheels are not byte-reproducible (zip timestamps): the key is the wheelhouse's own key,
     # i.e. the source, plus the wheel names (dependency versions).
     key_parts = {"wheelhouse": wheels.name.encode(), "wheels": "\n".join(sorted(files)).encode()}
-    prefix = f"hv-device-plugin:{__version__}-"
+    prefix = f"{PLUGIN_IMAGE_REPOSITORY}:{installed_version()}-"
     return _build(client, "plugin", prefix, PLUGIN_DOCKERFILE, files, base, log, key_parts)
 
 
@@ -253,7 +253,7 @@ def build_guest(client: docker.DockerClient, base: BuiltImage, log: Log) -> Buil
     names = ["conformance/__init__.py"]
     names += [str(p.relative_to(REPO)) for p in sorted((REPO / "conformance/guest").glob("*.py"))]
     files = {name: (REPO / name).read_bytes() for name in names}
-    return _build(client, "guest", "hv-guest:", GUEST_DOCKERFILE, files, base, log)
+    return _build(client, "guest", f"{GUEST_IMAGE_REPOSITORY}:", GUEST_DOCKERFILE, files, base, log)
 
 
 def export_rootfs(
@@ -327,16 +327,19 @@ def ensure_images(
         )
         plugin = build_plugin(client, base, wheelhouse(cache_dir, log), log)
         guest = build_guest(client, base, log)
-        _prune(client, "hv-device-plugin", KEEP)
-        _prune(client, "hv-guest", KEEP)
+        _prune(client, PLUGIN_IMAGE_REPOSITORY, KEEP)
+        _prune(client, GUEST_IMAGE_REPOSITORY, KEEP)
     return ImageSet(base, plugin, guest)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m conformance.images`: build (or find) the images; print tags, IDs and times."""
-    from conformance.targets.engine import DockerEngine
+    """`python -m conformance.targets.container.images`: build (or find) the images; print tags,
+    IDs and times."""
+    from conformance.targets.container.engine import DockerEngine
 
-    parser = argparse.ArgumentParser(prog="python -m conformance.images", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m conformance.targets.container.images", description=__doc__
+    )
     parser.add_argument(
         "--base-image", default="", help="a local registry base instead of debootstrap"
     )

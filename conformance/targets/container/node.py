@@ -2,8 +2,8 @@
 
 The node is LocalNode's (node root, tmpfs CDI dir and host-device view, kubelet emulator, the
 same faults); what changes is who runs the plugin and the workloads:
-- the plugin is the image built from this tree (conformance.images), run by the Docker engine
-  as a hardened container (targets.plugin_container: no capabilities, no-new-privileges,
+- the plugin is the image built from this tree (container.images), run by the Docker engine as
+  a hardened container (targets.plugin_container: no capabilities, no-new-privileges,
   read-only root, no network, /dev/kvm passed explicitly, node dirs bind-mounted rslave);
   faults inside its mount namespace go through `nsenter -t <pid> -m` as with the sandbox;
 - workloads run under podman from the guest image's filesystem and get the device ONLY through
@@ -16,22 +16,29 @@ CDI name that injected its device.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import shlex
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from conformance.images import ImageSet, ensure_images, export_rootfs, image_config
-from conformance.node import Allocation, GuestOutcome
-from conformance.results import EnvironmentBlocked
-from conformance.targets.engine import DockerEngine, EngineError
-from conformance.targets.local import HEALTH_PORT, LocalNode
-from conformance.targets.plugin_container import PluginContainer, PluginContainerError
-from conformance.targets.podman import PodmanRuntime
-from conformance.targets.target_report import TargetReport
+from conformance.contract.node import Allocation, GuestOutcome
+from conformance.contract.results import EnvironmentBlocked
+from conformance.contract.target_report import TargetReport
+from conformance.targets.container.engine import DockerEngine, EngineError
+from conformance.targets.container.images import (
+    ImageSet,
+    ensure_images,
+    export_rootfs,
+    image_config,
+)
+from conformance.targets.container.plugin_container import PluginContainer, PluginContainerError
+from conformance.targets.container.podman import PodmanRuntime
+from conformance.targets.local.node import HEALTH_PORT, LocalNode
 
 TOOLS = ("dockerd", "containerd", "podman", "crun", "unshare", "nsenter", "debootstrap")
 GUEST_TIMEOUT_S = 60.0
@@ -281,3 +288,16 @@ class ContainerNode(LocalNode):
             "guest_runs", entry, f"long guest {name} via CDI {allocation.cdi_devices}"
         )
         return handle
+
+
+@contextlib.contextmanager
+def open_node(
+    *, out_dir: Path, worker: str, plugin: Any, metadata: object | None = None
+) -> Iterator[ContainerNode]:
+    """The registry's entry for the local target's container runtime."""
+    node = ContainerNode(out_dir=out_dir, worker=worker, plugin_cmd=plugin)
+    try:
+        node.setup()
+        yield node
+    finally:
+        node.teardown()

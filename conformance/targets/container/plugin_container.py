@@ -31,9 +31,9 @@ from typing import Any
 from testcontainers.core.config import testcontainers_config
 from testcontainers.core.container import DockerContainer
 
-from conformance.ledger import Ledger
-from conformance.targets import mount_points, proc_status
-from conformance.targets.engine import DATA_ROOT
+from conformance.contract.ledger import Ledger
+from conformance.targets.container.engine import DATA_ROOT
+from conformance.targets.local.procs import mount_points, proc_status
 
 # TESTCONTAINERS_RYUK_DISABLED=true, forced rather than defaulted: the reaper is an image that
 # would be pulled from a registry, and none exists here.

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from conformance.ledger import Ledger
+from conformance.contract.ledger import Ledger
 
 ULIMITS = ("nofile=1024:1024", "nproc=1024:1024")
 CGROUP_ROOT = Path("/sys/fs/cgroup")

@@ -11,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conformance.ledger import Ledger
-from conformance.node import Area, FileInfo, ReadStats, wait_for
+from conformance.contract.ledger import Ledger
+from conformance.contract.node import Area, FileInfo, ReadStats
+from conformance.contract.wait import wait_for
 
 _KINDS = (
     (stat.S_ISREG, "file"),

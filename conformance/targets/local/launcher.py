@@ -1,6 +1,6 @@
 """Enter namespaces, build a private /dev, drop privileges, then exec a plugin or a workload.
 
-Usage: `python -m conformance.targets.launcher [options] -- ARGV...`. Standard library only and
+Usage: `python -m conformance.targets.local.launcher [options] -- ARGV...`. Standard library only and
 free of package imports, so the harness can also run it by file path (`python -I launcher.py`)
 with nothing on sys.path. Steps, in order: join `/run/netns/NAME` (--netns) or a fresh empty
 network namespace with lo up (--unshare-net); a private mount namespace with `/` recursively
@@ -326,7 +326,7 @@ def _mknod_arg(text: str) -> NodeSpec:
 def build_parser() -> argparse.ArgumentParser:
     """Options of the launcher; ARGV follows `--`."""
     p = argparse.ArgumentParser(
-        prog="python -m conformance.targets.launcher",
+        prog="python -m conformance.targets.local.launcher",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     net = p.add_mutually_exclusive_group()

@@ -27,7 +27,7 @@ from types import TracebackType
 
 from pyroute2 import IPRoute, NetlinkError, netns
 
-from conformance.ledger import Ledger
+from conformance.contract.ledger import Ledger
 
 RUN_DIR = Path("/run/netns")
 _MARK = "user.hv_conformance"

@@ -10,6 +10,7 @@ they would through a hostPath, while faults inside the plugin's namespace stay t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,12 +18,11 @@ import signal
 import stat
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from conformance.guest.cdi_resolve import resolve
-from conformance.kubelet import ThreadedKubeletEmulator
-from conformance.node import (
+from conformance.contract.node import (
     CAP_DEVICE_REMAP,
     CAP_DEVICE_VIEW,
     CAP_GUEST,
@@ -36,16 +36,19 @@ from conformance.node import (
     Allocation,
     Area,
     GuestOutcome,
-    wait_for,
 )
-from conformance.results import EnvironmentBlocked
-from conformance.targets.local_io import HostFiles, device_metadata, mount, umount
-from conformance.targets.netns import free_index
-from conformance.targets.runtime import guest_command, run_workload, start_workload
-from conformance.targets.sandbox import PluginSandbox
+from conformance.contract.results import EnvironmentBlocked
+from conformance.contract.wait import wait_for
+from conformance.guest.cdi_resolve import resolve
+from conformance.kubelet import ThreadedKubeletEmulator
+from conformance.targets.local.hostfiles import HostFiles, device_metadata, mount, umount
+from conformance.targets.local.netns import free_index
+from conformance.targets.local.runtime import guest_command, run_workload, start_workload
+from conformance.targets.local.sandbox import PluginSandbox
+from plugin.api.names import HYPERVISOR_RESOURCE, SPEC_FILENAME
 
-RESOURCE = "hyperlight.dev/hypervisor"
-SPEC_NAME = "hyperlight.json"
+RESOURCE = HYPERVISOR_RESOURCE
+SPEC_NAME = SPEC_FILENAME
 HEALTH_PORT = 8080
 SETUP_TIMEOUT_S = 60.0
 
@@ -380,3 +383,16 @@ def _net_index(worker: str) -> int:
     digits = int("".join(ch for ch in worker if ch.isdigit()) or 0)
     start = 1 + (digits * 7 + os.getpid()) % 63
     return free_index([1 + (start + i) % 63 for i in range(63)])
+
+
+@contextlib.contextmanager
+def open_node(
+    *, out_dir: Path, worker: str, plugin: Any, metadata: object | None = None
+) -> Iterator[LocalNode]:
+    """The registry's entry: a local node for one worker, always torn down."""
+    node = LocalNode(out_dir=out_dir, worker=worker, plugin_cmd=plugin)
+    try:
+        node.setup()
+        yield node
+    finally:
+        node.teardown()

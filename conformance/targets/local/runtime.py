@@ -34,13 +34,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from conformance.contract.ledger import Ledger
 from conformance.guest.cdi_resolve import CDIRegistry, DeviceNode, ResolvedDevice
 from conformance.guest.privileges import NOBODY
-from conformance.ledger import Ledger
-from conformance.targets import read_handshake
-from conformance.targets.launcher import LAUNCHER, NodeSpec
+from conformance.targets.local.launcher import LAUNCHER, NodeSpec
+from conformance.targets.local.procs import read_handshake
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BASE_DEVS = "null,zero,urandom"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _HOST_TYPES = {stat.S_IFCHR: "c", stat.S_IFBLK: "b", stat.S_IFIFO: "p"}

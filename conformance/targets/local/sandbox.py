@@ -23,15 +23,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from conformance.ledger import Ledger
-from conformance.targets import (
-    launcher,
+from conformance.contract.ledger import Ledger
+from conformance.targets.local import launcher
+from conformance.targets.local.netns import NetNamespace
+from conformance.targets.local.procs import (
     mount_points,
     namespace_members,
     proc_status,
     read_handshake,
 )
-from conformance.targets.netns import NetNamespace
 
 LAUNCHER = launcher.LAUNCHER
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from plugin.api.wire import DEVICE_PLUGIN_DIR, KUBELET_SOCKET, POD_RESOURCES_DIR
+
 KUBERNETES_VERSION = "v1.37.2"
 STAGING_VERSION = "v0.37.2"  # the staging modules are tagged v0.<minor>.<patch> with the release
 ETCD_VERSION = "v3.7.3"
@@ -21,9 +23,9 @@ CACHE = Path("/var/cache/hv-node")  # build outputs; survives node-down
 BIN = CACHE / "bin"
 STATE = Path("/var/lib/hv-node")  # etcd data, containerd root, certificates
 RUN = Path("/run/hv-node")  # sockets, pid files, logs, the CDI dir
-KUBELET_ROOT = Path("/var/lib/kubelet")  # the device plugin dir is fixed below it by the kubelet
-PLUGIN_DIR = KUBELET_ROOT / "device-plugins"
-PODRESOURCES_SOCKET = KUBELET_ROOT / "pod-resources" / "kubelet.sock"
+PLUGIN_DIR = Path(DEVICE_PLUGIN_DIR)  # fixed by the kubelet
+KUBELET_ROOT = PLUGIN_DIR.parent
+PODRESOURCES_SOCKET = Path(POD_RESOURCES_DIR) / KUBELET_SOCKET
 CDI_DIR = RUN / "cdi"  # containerd's only CDI dir: the host's /etc/cdi and /var/run/cdi stay out
 HOST_DEV = RUN / "host-dev"  # the plugin's host-device view (mknod copy of /dev/kvm)
 CONTAINERD_SOCKET = RUN / "containerd" / "containerd.sock"

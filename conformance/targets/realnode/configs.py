@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from conformance.targets.node import (
+from conformance.targets.realnode import (
     CDI_DIR,
     CONTAINERD_SOCKET,
     NODE_NAME,

@@ -17,7 +17,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from conformance.targets.node import BIN, CONTAINERD_SOCKET, PAUSE_IMAGE
+from conformance.targets.realnode import BIN, CONTAINERD_SOCKET, PAUSE_IMAGE
 
 DIRS = ("usr", "tmp", "etc", "proc", "sys", "dev", "run", "repo", "state")
 LINKS = {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64", "sbin": "usr/sbin"}

@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from conformance.targets.node import API_PORT, PODRESOURCES_SOCKET
+from conformance.targets.realnode import API_PORT, PODRESOURCES_SOCKET
 
 _SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
 _SUFFIX |= {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}

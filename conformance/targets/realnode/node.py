@@ -19,11 +19,12 @@ import subprocess
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from conformance.node import (
+from conformance.contract.node import (
     CAP_DEVICE_VIEW,
     CAP_GUEST,
     CAP_KUBELET_CRASH,
@@ -35,11 +36,11 @@ from conformance.node import (
     Allocation,
     Area,
     GuestOutcome,
-    wait_for,
 )
-from conformance.results import EnvironmentBlocked
-from conformance.targets.local_io import HostFiles, device_metadata, mount, umount
-from conformance.targets.node import (
+from conformance.contract.results import EnvironmentBlocked
+from conformance.contract.wait import wait_for
+from conformance.targets.local.hostfiles import HostFiles, device_metadata, mount, umount
+from conformance.targets.realnode import (
     BIN,
     CDI_DIR,
     HOST_DEV,
@@ -49,11 +50,13 @@ from conformance.targets.node import (
     procs,
     stack,
 )
-from conformance.targets.node.configs import NAMESPACE, PKI, workload_pod
-from conformance.targets.node.kubeapi import Api, ApiError, PodResources, quantity
+from conformance.targets.realnode.configs import NAMESPACE, PKI, workload_pod
+from conformance.targets.realnode.kubeapi import Api, ApiError, PodResources, quantity
+from plugin.api.names import HYPERVISOR_RESOURCE, SPEC_FILENAME
+from plugin.api.wire import KUBELET_SOCKET
 
-RESOURCE = "hyperlight.dev/hypervisor"
-SPEC_NAME = "hyperlight.json"
+RESOURCE = HYPERVISOR_RESOURCE
+SPEC_NAME = SPEC_FILENAME
 SETUP_TIMEOUT_S = 90.0
 POD_TIMEOUT_S = 60.0
 _REGISTERED = re.compile(
@@ -216,7 +219,7 @@ class RealNode(HostFiles):
         stopped_wall = time.time()
         kubelet.stop(sig=signal.SIGTERM if graceful else signal.SIGKILL)
         stack.start_kubelet(self.api)
-        sock = PLUGIN_DIR / "kubelet.sock"
+        sock = PLUGIN_DIR / KUBELET_SOCKET
 
         def made() -> float | None:
             with contextlib.suppress(FileNotFoundError):
@@ -341,3 +344,16 @@ class RealNode(HostFiles):
             return int(json.loads((self.state / f"{handle}.json").read_text())["counter"])
         except (OSError, ValueError, KeyError):
             return 0
+
+
+@contextlib.contextmanager
+def open_node(
+    *, out_dir: Path, worker: str, plugin: Any, metadata: object | None = None
+) -> Iterator[RealNode]:
+    """The registry's entry: the plugin on the real kubelet of `nox -s node-up`."""
+    node = RealNode(out_dir=out_dir, worker=worker, plugin_cmd=plugin)
+    try:
+        node.setup()
+        yield node
+    finally:
+        node.teardown()

@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.targets.node import API_PORT, NODE_NAME
+from conformance.targets.realnode import API_PORT, NODE_NAME
 
 DAYS = "30"
 

@@ -20,7 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conformance.targets.node import (
+from conformance.targets.realnode import (
     API_PORT,
     BIN,
     CDI_DIR,
@@ -34,10 +34,15 @@ from conformance.targets.node import (
     STATE,
     procs,
 )
-from conformance.targets.node.configs import KUBELET_HEALTHZ, PKI, containerd_config, kubelet_config
-from conformance.targets.node.image import import_image
-from conformance.targets.node.kubeapi import Api, ApiError
-from conformance.targets.node.pki import kubeconfig, make_pki
+from conformance.targets.realnode.configs import (
+    KUBELET_HEALTHZ,
+    PKI,
+    containerd_config,
+    kubelet_config,
+)
+from conformance.targets.realnode.image import import_image
+from conformance.targets.realnode.kubeapi import Api, ApiError
+from conformance.targets.realnode.pki import kubeconfig, make_pki
 
 PLUGIN_HEALTH = "127.0.0.1:18080"
 LOG_DIRS = (Path("/var/log/pods"), Path("/var/log/containers"))

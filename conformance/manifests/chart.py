@@ -1,0 +1,148 @@
+"""The Helm chart (charts/hv-device-plugin) as the one source of the plugin's manifests.
+
+`helm template` renders it; `hvconform manifests` and the cluster targets call it through
+`template()`. helm is a Go program built from its module (`nox -s tests` and `nox -s helm` put
+it next to the session's python); HV_HELM names another one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+# One release name: no object name depends on it, so any name renders the same objects.
+RELEASE: Final = "hv-device-plugin"
+CHART_NAME: Final = "hv-device-plugin"
+HELM_TIMEOUT_S: Final = 60.0
+
+
+class ChartError(RuntimeError):
+    """helm or the chart is missing, or helm refused the values (one line, helm's reason)."""
+
+
+def chart_dir() -> Path:
+    """charts/hv-device-plugin of the checkout this package runs from, or HV_CHART."""
+    override = os.environ.get("HV_CHART")
+    path = (
+        Path(override) if override else Path(__file__).resolve().parents[2] / "charts" / CHART_NAME
+    )
+    if not (path / "Chart.yaml").is_file():
+        raise ChartError(
+            f"chart not found at {path}: run from a source checkout (pip install -e .) "
+            "or set HV_CHART to the chart's directory"
+        )
+    return path
+
+
+def target_values(target: str) -> Path:
+    """The values file of one target (charts/hv-device-plugin/targets/<target>.yaml)."""
+    return chart_dir() / "targets" / f"{target}.yaml"
+
+
+def helm_binary() -> str:
+    """HV_HELM, else the helm next to this interpreter (the nox session's), else PATH's."""
+    override = os.environ.get("HV_HELM")
+    if override:
+        return override
+    beside = Path(sys.executable).parent / "helm"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("helm")
+    if found is None:
+        raise ChartError(
+            "helm not found: `nox -s helm` builds it (helm.sh/helm/v4), or set HV_HELM"
+        )
+    return found
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return "; ".join(lines) or "no output"
+
+
+def helm(args: Sequence[str], *, stdin: str | None = None) -> str:
+    """Run helm; its stdout, or ChartError with helm's own words on one line."""
+    argv = [helm_binary(), *args]
+    try:
+        done = subprocess.run(
+            argv, input=stdin, capture_output=True, text=True, timeout=HELM_TIMEOUT_S, check=False
+        )
+    except FileNotFoundError:
+        raise ChartError(f"helm not found at {argv[0]}") from None
+    except subprocess.TimeoutExpired:
+        raise ChartError(f"helm {args[0]} took longer than {HELM_TIMEOUT_S:g}s") from None
+    if done.returncode != 0:
+        raise ChartError(f"helm {args[0]}: {_one_line(done.stderr or done.stdout)}")
+    return done.stdout
+
+
+def template(
+    namespace: str,
+    values_files: Sequence[Path] = (),
+    values: Mapping[str, Any] | None = None,
+    *,
+    chart: Path | None = None,
+) -> str:
+    """`helm template` of the chart: the files in order, then `values` on top (as a file)."""
+    args = ["template", RELEASE, str(chart or chart_dir()), "--namespace", namespace]
+    for path in values_files:
+        args += ["--values", str(path)]
+    with tempfile.TemporaryDirectory(prefix="hv-values-") as tmp:
+        if values:
+            overlay = Path(tmp, "values.json")
+            overlay.write_text(json.dumps(values))
+            args += ["--values", str(overlay)]
+        return helm(args)
+
+
+# -- the values table ------------------------------------------------------------------------
+
+
+def _leaves(schema: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(dotted key, schema) of every value an operator sets, in the schema's order."""
+    for name, sub in schema.get("properties", {}).items():
+        key = f"{prefix}{name}"
+        if sub.get("type") == "object" and "properties" in sub and "default" not in sub:
+            yield from _leaves(sub, key + ".")
+        else:
+            yield key, sub
+
+
+def _type(sub: Mapping[str, Any]) -> str:
+    if "enum" in sub:
+        return " or ".join(f"`{v}`" for v in sub["enum"])
+    kind = sub.get("type", "any")
+    return " or ".join(kind) if isinstance(kind, list) else str(kind)
+
+
+def values_table(schema: Mapping[str, Any] | None = None) -> str:
+    """The Markdown table of the chart's values, generated from values.schema.json."""
+    if schema is None:
+        schema = json.loads((chart_dir() / "values.schema.json").read_text())
+    rows = ["| value | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for key, sub in _leaves(schema):
+        default = json.dumps(sub.get("default"), separators=(", ", ": "))
+        meaning = str(sub.get("description", "")).replace("|", "\\|")
+        rows.append(f"| `{key}` | {_type(sub)} | `{default}` | {meaning} |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m conformance.manifests.chart values-table`: print the table for the READMEs."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args != ["values-table"]:
+        print("usage: python -m conformance.manifests.chart values-table", file=sys.stderr)
+        return 2
+    sys.stdout.write(values_table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

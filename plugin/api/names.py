@@ -1,0 +1,38 @@
+"""This project's public names: what a cluster, a runtime and an operator see of the plugin.
+
+Defined once here (beside the wire constants) because the plugin, the manifests, the chart and
+the conformance suite's own profile of this plugin all use them, and conformance may import only
+plugin.api from the plugin.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Final
+
+# The extended resource a workload requests to get the hypervisor, injected by CDI.
+HYPERVISOR_RESOURCE: Final = "hyperlight.dev/hypervisor"
+# The bootstrap resource the plugin's own DaemonSet requests to reach the device unprivileged.
+DEVICE_ACCESS_RESOURCE: Final = "hyperlight.dev/device-access"
+# The CDI kind of the injected device: by design the same string as the resource name.
+CDI_KIND: Final = HYPERVISOR_RESOURCE
+# The one CDI spec file the plugin owns in the CDI directory.
+SPEC_FILENAME: Final = "hyperlight.json"
+# Image repositories of the plugin and of the conformance guest workload.
+PLUGIN_IMAGE_REPOSITORY: Final = "hv-device-plugin"
+GUEST_IMAGE_REPOSITORY: Final = "hv-guest"
+# The Python distribution (pyproject.toml's name), whose installed version tags the image.
+DISTRIBUTION: Final = "hv-device-plugin"
+
+
+def installed_version() -> str:
+    """The installed distribution's version (pyproject.toml defines it once)."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0"  # a source tree that was never installed
+
+
+def default_plugin_image() -> str:
+    """`hv-device-plugin:<installed version>`: a pinned tag, never latest."""
+    return f"{PLUGIN_IMAGE_REPOSITORY}:{installed_version()}"
