@@ -23,6 +23,7 @@ from plugin.config import Config
 from plugin.endpoints import GrpcHealth
 from plugin.health import HealthState
 from plugin.logs import log, warn
+from plugin.server import DevicePluginServicer
 from plugin.shutdown import reap
 from plugin.watch import DirWatcher
 
@@ -50,7 +51,7 @@ class Registrar:
         self,
         cfg: Config,
         health: HealthState,
-        make_servicer: Callable[[], pb_grpc.DevicePluginServicer],
+        make_servicer: Callable[[], DevicePluginServicer],
     ) -> None:
         self._cfg = cfg
         self._health = health
@@ -82,7 +83,7 @@ class Registrar:
         name = f"{self._cfg.socket_prefix}-{secrets.token_hex(4)}.sock"
         path = self._cfg.device_plugin_dir / name
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
-        pb_grpc.add_DevicePluginServicer_to_server(self._make_servicer(), server)
+        self._make_servicer().add_to_server(server)
         health_pb2_grpc.add_HealthServicer_to_server(GrpcHealth(self._health), server)
         server.add_insecure_port(f"unix:{path}")
         await server.start()

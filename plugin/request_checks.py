@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError
 
 from plugin.api import deviceplugin_pb2 as pb
+
+M = TypeVar("M")
 
 MAX_SHOWN_IDS = 5
 MAX_SHOWN_ID_CHARS = 40
@@ -36,9 +42,44 @@ def show_ids(ids: Iterable[str], total: int) -> str:
     return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
 
-def allocate_problem(request: pb.AllocateRequest, known: frozenset[str], limit: int) -> str:
+@dataclass(frozen=True)
+class Unread:
+    """A request refused from its bytes alone, never parsed: too large to be valid, or garbled."""
+
+    reason: str
+
+
+def max_allocate_bytes(known: Collection[str]) -> int:
+    """More than the largest valid Allocate can take: every known ID once (tag, length, bytes),
+    each in a container request of its own (tag and length)."""
+    return sum(len(device_id.encode()) + 4 for device_id in known) + 8 * len(known)
+
+
+def reader(parse: Callable[[bytes], M], limit: int, what: str) -> Callable[[bytes], M | Unread]:
+    """A gRPC request deserializer that refuses a request over `limit` bytes before parsing
+    it (parsing megabytes holds the event loop) and turns garbled bytes into a refusal."""
+
+    def read(raw: bytes) -> M | Unread:
+        if len(raw) > limit:
+            return Unread(
+                f"{what} of {len(raw)} bytes: larger than any valid one for this node's "
+                f"device IDs (at most {limit} bytes)"
+            )
+        try:
+            return parse(raw)
+        except DecodeError:
+            return Unread(f"{what} of {len(raw)} bytes is not a valid protobuf message")
+
+    return read
+
+
+def allocate_problem(
+    request: pb.AllocateRequest | Unread, known: frozenset[str], limit: int
+) -> str:
     """Why an Allocate is refused ("" when it is valid): at most `limit` IDs in all, each
     known, none named twice in the whole request, every container request naming one."""
+    if isinstance(request, Unread):
+        return request.reason
     containers = request.container_requests
     if not containers:
         return "no container requests"
@@ -71,8 +112,10 @@ def allocate_problem(request: pb.AllocateRequest, known: frozenset[str], limit: 
     return ""
 
 
-def preferred_problem(request: pb.PreferredAllocationRequest, limit: int) -> str:
+def preferred_problem(request: pb.PreferredAllocationRequest | Unread, limit: int) -> str:
     """Why a GetPreferredAllocation is refused ("" when its sizes are within the capacity)."""
+    if isinstance(request, Unread):
+        return request.reason
     containers = request.container_requests
     if len(containers) > limit:
         return f"{len(containers)} container requests: at most {limit} (the node's capacity)"

@@ -15,8 +15,16 @@ from plugin.config import Config
 from plugin.health import HealthState
 from plugin.logs import log, warn
 from plugin.monitor import Monitor
-from plugin.request_checks import allocate_problem, preferred_problem, show_ids
+from plugin.request_checks import (
+    Unread,
+    allocate_problem,
+    max_allocate_bytes,
+    preferred_problem,
+    reader,
+    show_ids,
+)
 
+SERVICE = "v1beta1.DevicePlugin"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 
@@ -57,6 +65,44 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._snapshots: dict[bool, pb.ListAndWatchResponse] = {}
         # The answer is the same for every allocation: built once, serialised per call.
         self._answers: dict[int, pb.AllocateResponse] = {}
+        self._max_allocate_bytes = max_allocate_bytes(self._ids)
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        """The generated registration, except that Allocate and GetPreferredAllocation read
+        their requests through a size check: megabytes the kubelet would never send are
+        refused unparsed, and parsing them would hold the event loop."""
+        limit = self._max_allocate_bytes
+        handlers = {
+            "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
+                self.GetDevicePluginOptions,
+                request_deserializer=pb.Empty.FromString,
+                response_serializer=pb.DevicePluginOptions.SerializeToString,
+            ),
+            "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+                self.ListAndWatch,
+                request_deserializer=pb.Empty.FromString,
+                response_serializer=pb.ListAndWatchResponse.SerializeToString,
+            ),
+            "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
+                self.GetPreferredAllocation,
+                # available and must-include IDs: each at most the node's, so twice the bound
+                request_deserializer=reader(
+                    pb.PreferredAllocationRequest.FromString, 2 * limit, "request"
+                ),
+                response_serializer=pb.PreferredAllocationResponse.SerializeToString,
+            ),
+            "Allocate": grpc.unary_unary_rpc_method_handler(
+                self.Allocate,
+                request_deserializer=reader(pb.AllocateRequest.FromString, limit, "request"),
+                response_serializer=pb.AllocateResponse.SerializeToString,
+            ),
+            "PreStartContainer": grpc.unary_unary_rpc_method_handler(
+                self.PreStartContainer,
+                request_deserializer=pb.PreStartContainerRequest.FromString,
+                response_serializer=pb.PreStartContainerResponse.SerializeToString,
+            ),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
     def _snapshot(self) -> pb.ListAndWatchResponse:
         # Built once per health state and shared by every stream: 100 streams of 2000 devices
@@ -101,13 +147,13 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 
     async def GetPreferredAllocation(
         self,
-        request: pb.PreferredAllocationRequest,
+        request: pb.PreferredAllocationRequest | Unread,
         context: grpc.aio.ServicerContext[
             pb.PreferredAllocationRequest, pb.PreferredAllocationResponse
         ],
     ) -> pb.PreferredAllocationResponse:
         invalid = preferred_problem(request, self._limit)
-        if invalid:
+        if invalid or isinstance(request, Unread):
             warn("preferred_allocation_refused", code="INVALID_ARGUMENT", reason=invalid)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid)
         return pb.PreferredAllocationResponse(
@@ -144,11 +190,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 
     async def Allocate(
         self,
-        request: pb.AllocateRequest,
+        request: pb.AllocateRequest | Unread,
         context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
     ) -> pb.AllocateResponse:
         invalid = allocate_problem(request, self._known, self._limit)
-        if invalid:
+        if invalid or isinstance(request, Unread):
             metrics.ALLOCATIONS.labels(result="invalid_argument").inc()
             warn("allocate_refused", code="INVALID_ARGUMENT", reason=invalid)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid)
