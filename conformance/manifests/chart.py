@@ -12,8 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -90,59 +89,10 @@ def template(
     *,
     chart: Path | None = None,
 ) -> str:
-    """`helm template` of the chart: the files in order, then `values` on top (as a file)."""
+    """`helm template` of the chart: the files in order, then `values` on top (stdin)."""
     args = ["template", RELEASE, str(chart or chart_dir()), "--namespace", namespace]
     for path in values_files:
         args += ["--values", str(path)]
-    with tempfile.TemporaryDirectory(prefix="hv-values-") as tmp:
-        if values:
-            overlay = Path(tmp, "values.json")
-            overlay.write_text(json.dumps(values))
-            args += ["--values", str(overlay)]
+    if not values:
         return helm(args)
-
-
-# -- the values table ------------------------------------------------------------------------
-
-
-def _leaves(schema: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """(dotted key, schema) of every value an operator sets, in the schema's order."""
-    for name, sub in schema.get("properties", {}).items():
-        key = f"{prefix}{name}"
-        if sub.get("type") == "object" and "properties" in sub and "default" not in sub:
-            yield from _leaves(sub, key + ".")
-        else:
-            yield key, sub
-
-
-def _type(sub: Mapping[str, Any]) -> str:
-    if "enum" in sub:
-        return " or ".join(f"`{v}`" for v in sub["enum"])
-    kind = sub.get("type", "any")
-    return " or ".join(kind) if isinstance(kind, list) else str(kind)
-
-
-def values_table(schema: Mapping[str, Any] | None = None) -> str:
-    """The Markdown table of the chart's values, generated from values.schema.json."""
-    if schema is None:
-        schema = json.loads((chart_dir() / "values.schema.json").read_text())
-    rows = ["| value | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for key, sub in _leaves(schema):
-        default = json.dumps(sub.get("default"), separators=(", ", ": "))
-        meaning = str(sub.get("description", "")).replace("|", "\\|")
-        rows.append(f"| `{key}` | {_type(sub)} | `{default}` | {meaning} |")
-    return "\n".join(rows) + "\n"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m conformance.manifests.chart values-table`: print the table for the READMEs."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args != ["values-table"]:
-        print("usage: python -m conformance.manifests.chart values-table", file=sys.stderr)
-        return 2
-    sys.stdout.write(values_table())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return helm([*args, "--values", "-"], stdin=json.dumps(values))

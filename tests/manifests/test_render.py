@@ -32,6 +32,11 @@ def container(ds: dict[str, Any]) -> dict[str, Any]:
     return c
 
 
+def pod_labels(ds: dict[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = ds["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
 def match_expressions(ds: dict[str, Any]) -> dict[str, list[str]]:
     affinity = pod_spec(ds)["affinity"]["nodeAffinity"]
     (term,) = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -74,6 +79,26 @@ def test_daemonsets_by_target(target: str) -> None:
         args = c["args"]
         assert args[args.index("--hypervisor-device") + 1] == f"/dev/{hv}"
         assert args[args.index("--host-dev-dir") + 1] == "/host-dev"
+        # Metrics leave the pod's loopback, on a named port the Service targets.
+        assert args[args.index("--health-addr") + 1] == "0.0.0.0:9400"
+        assert c["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+    (service,) = [o for o in objs if o["kind"] == "Service"]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9400, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    # It selects the pods of both DaemonSets of this hypervisor, and nothing else.
+    selector = service["spec"]["selector"].items()
+    assert all(selector <= pod_labels(daemonset(objs, c)).items() for c in DAEMONSETS)
+    other = "mshv" if hv == "kvm" else "kvm"
+    assert (
+        not selector
+        <= pod_labels(
+            daemonset(
+                objects(next(t for t in ALL_TARGETS if HYPERVISOR[t] == other)), "device-access"
+            )
+        ).items()
+    )
 
 
 @pytest.mark.parametrize("target", ALL_TARGETS)
@@ -122,21 +147,24 @@ def test_kvm_and_mshv_can_share_a_cluster() -> None:
         for o in objects(t)
         if o["kind"] != "Namespace"
     ]
-    assert len(names) == len(set(names)) == 4
+    # Two DaemonSets and the metrics Service per hypervisor, no name shared.
+    assert len(names) == len(set(names)) == 6
 
 
 def test_pool_taint_is_configurable() -> None:
     custom = render_objects("aks", image=IMAGE, pool_taint="example.com/pool")
-    assert pod_spec(custom[1])["tolerations"] == [{"key": "example.com/pool", "operator": "Exists"}]
+    for component in DAEMONSETS:
+        tolerations = pod_spec(daemonset(custom, component))["tolerations"]
+        assert tolerations == [{"key": "example.com/pool", "operator": "Exists"}]
     untainted = render_objects("aks", image=IMAGE, pool_taint=None)
-    assert all("tolerations" not in pod_spec(o) for o in untainted[1:])
+    assert all("tolerations" not in pod_spec(daemonset(untainted, c)) for c in DAEMONSETS)
 
 
 def test_namespace_is_configurable() -> None:
     objs = render_objects("kind", image=IMAGE, namespace="hv-conform-1")
     assert [o["metadata"].get("namespace", o["metadata"]["name"]) for o in objs] == [
         "hv-conform-1"
-    ] * 3
+    ] * 4
 
 
 @pytest.mark.parametrize(
@@ -172,10 +200,8 @@ def test_unpinned_or_invalid_images_are_refused(image: str) -> None:
 )
 def test_pinned_images_are_accepted(image: str) -> None:
     assert check_image(image) == image
-    assert (
-        render_objects("aks", image=image)[2]["spec"]["template"]["spec"]["containers"][0]["image"]
-        == image
-    )
+    plugin = daemonset(render_objects("aks", image=image), "hypervisor-plugin")
+    assert container(plugin)["image"] == image
 
 
 def test_latest_error_is_clear() -> None:

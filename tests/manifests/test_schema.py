@@ -43,7 +43,7 @@ def test_every_version_is_shipped() -> None:
 @pytest.mark.parametrize("target", ALL_TARGETS)
 def test_every_object_validates(target: str, version: str) -> None:
     objs = objects(target)
-    assert [o["kind"] for o in objs] == ["Namespace", "DaemonSet", "DaemonSet"]
+    assert [o["kind"] for o in objs] == ["Namespace", "Service", "DaemonSet", "DaemonSet"]
     for obj in objs:
         assert validate(obj, version) == version, f"{obj['kind']} used another schema version"
 

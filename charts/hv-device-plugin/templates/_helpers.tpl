@@ -1,0 +1,41 @@
+{{/*
+Shared pieces of the two DaemonSets. Names carry the hypervisor, not the release name, so that
+a KVM and an MSHV release can share a namespace and `hvconform manifests` renders the same
+objects as `helm template` whatever the release is called.
+*/}}
+
+{{/* The image: repository, then :tag (the appVersion unless a digest pins it), then @digest. */}}
+{{- define "hv.image" -}}
+{{- $tag := .Values.image.tag -}}
+{{- if and (not $tag) (not .Values.image.digest) -}}
+{{- $tag = .Chart.AppVersion -}}
+{{- end -}}
+{{- .Values.image.repository -}}
+{{- with $tag }}:{{ . }}{{ end -}}
+{{- with .Values.image.digest }}@{{ . }}{{ end -}}
+{{- end -}}
+
+{{/* Host paths and in-container paths: the only hostPaths the policy allows. */}}
+{{- define "hv.pluginDir" -}}/var/lib/kubelet/device-plugins{{- end -}}
+{{- define "hv.cdiDir" -}}/var/run/cdi{{- end -}}
+{{- define "hv.hostDevView" -}}/host-dev{{- end -}}
+
+{{/* Labels of one DaemonSet and its pods; `.name` and `.component` come from the caller. */}}
+{{- define "hv.labels" -}}
+app.kubernetes.io/name: {{ .name }}
+app.kubernetes.io/component: {{ .component }}
+app.kubernetes.io/part-of: hyperlight
+{{- end -}}
+
+{{/* The flags both DaemonSets share: the device, its host view, the kubelet dir, the endpoints.
+A list, rendered one quoted item per line by the DaemonSet. */}}
+{{- define "hv.commonArgs" -}}
+{{- $v := .Values -}}
+{{- $args := list "--hypervisor-device" (printf "/dev/%s" $v.hypervisor) -}}
+{{- $args = concat $args (list "--host-dev-dir" (include "hv.hostDevView" .)) -}}
+{{- $args = concat $args (list "--device-plugin-dir" (include "hv.pluginDir" .)) -}}
+{{- if $v.metrics.enabled -}}
+{{- $args = concat $args (list "--health-addr" (printf "%s:%v" $v.metrics.host $v.metrics.port)) -}}
+{{- end -}}
+{{- toJson $args -}}
+{{- end -}}

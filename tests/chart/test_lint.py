@@ -1,0 +1,75 @@
+"""helm lint, the chart's metadata against pyproject.toml, and values.yaml against its schema."""
+
+from __future__ import annotations
+
+import tomllib
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from conformance.manifests import TARGETS
+from conformance.manifests.values_table import value_leaves, values_table
+from tests.chart.helm import CHART, DEFAULTS, ROOT, SCHEMA, run_helm
+
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+@pytest.mark.parametrize("values", [None, *TARGETS])
+def test_helm_lint_strict(values: str | None) -> None:
+    extra = [] if values is None else ["--values", str(CHART / "targets" / f"{values}.yaml")]
+    done = run_helm("lint", "--strict", str(CHART), *extra)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout
+
+
+def test_lint_catches_a_broken_template(tmp_path: Any) -> None:
+    """Not vacuous: a copy of the chart with an unclosed action fails helm lint."""
+    copy = tmp_path / "chart"
+    copy.mkdir()
+    for path in CHART.rglob("*"):
+        dest = copy / path.relative_to(CHART)
+        if path.is_dir():
+            dest.mkdir(exist_ok=True)
+        else:
+            dest.write_bytes(path.read_bytes())
+    (copy / "templates" / "broken.yaml").write_text("kind: {{ .Values.slots\n")
+    done = run_helm("lint", "--strict", str(copy))
+    assert done.returncode != 0
+
+
+def test_chart_version_is_the_project_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    version = PYPROJECT["project"]["version"]
+    assert chart["version"] == chart["appVersion"] == version
+
+
+def test_values_yaml_meets_its_schema_and_its_defaults() -> None:
+    jsonschema.Draft7Validator.check_schema(SCHEMA)
+    jsonschema.Draft7Validator(SCHEMA).validate(DEFAULTS)
+    # The table's `default` column is what values.yaml really sets.
+    for key, sub in _leaves():
+        node: Any = DEFAULTS
+        for part in key.split("."):
+            node = node[part]
+        assert node == sub["default"], key
+
+
+def _leaves() -> list[tuple[str, dict[str, Any]]]:
+    return [(k, dict(v)) for k, v in value_leaves(SCHEMA)]
+
+
+def test_every_value_is_described() -> None:
+    for key, sub in _leaves():
+        assert sub.get("description"), f"{key} has no description in values.schema.json"
+        assert "default" in sub, f"{key} has no default in values.schema.json"
+
+
+@pytest.mark.parametrize("readme", ["README.md", "charts/hv-device-plugin/README.md"])
+def test_values_table_in_readme_is_generated_from_the_schema(readme: str) -> None:
+    """Regenerate with `python -m conformance.manifests.values_table`."""
+    text = (ROOT / readme).read_text()
+    table = values_table()
+    assert table in text, f"{readme}: the values table differs from values.schema.json"
+    assert table.count("\n") == len(_leaves()) + 2
