@@ -15,8 +15,10 @@
    (runAsUser, drop ALL, allowPrivilegeEscalation: false), verified, then exec.
 
 The runtime itself drops to uid/gid; it never adds --drop-privileges to argv (`guest_command`
-does, through its parameter). argv runs as that uid, so its interpreter must be reachable by it:
-here the venv's python lives under /root (mode 0700); `workload_python()` finds one that works.
+does, through its parameter). argv runs as that uid, so its interpreter and program must be
+reachable by it from any checkout (one below a 0700 home, a path with spaces):
+`workload_program` stages the guest where uid 65534 can read it and `workload_python()` finds
+an interpreter that runs it as that uid.
 Divergences from a real runtime: no cgroup device rule (the mode approximates `permissions`),
 only deviceNodes and env edits (cdi_resolve exposes no mounts or hooks), the host's filesystem is
 the image, and there are no pid/ipc/uts namespaces.
@@ -26,12 +28,10 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import stat
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import IO, Any
 
 from conformance.contract.ledger import Ledger
@@ -39,8 +39,8 @@ from conformance.guest.cdi_resolve import CDIRegistry, DeviceNode, ResolvedDevic
 from conformance.guest.privileges import NOBODY
 from conformance.targets.local.launcher import LAUNCHER, NodeSpec
 from conformance.targets.local.procs import read_handshake
+from conformance.targets.local.workload_program import STAGE, Program, choose_python
 
-REPO = Path(__file__).resolve().parents[3]
 BASE_DEVS = "null,zero,urandom"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _HOST_TYPES = {stat.S_IFCHR: "c", stat.S_IFBLK: "b", stat.S_IFIFO: "p"}
@@ -221,30 +221,25 @@ def start_workload(
 
 @functools.lru_cache(maxsize=8)
 def workload_python(uid: int = NOBODY, gid: int = NOBODY) -> str:
-    """A Python >= 3.11 that uid/gid can exec and that imports conformance.guest from REPO."""
-    check = "import sys, conformance.guest; sys.exit(sys.version_info < (3, 11))"
-    candidates = [sys.executable, "/usr/bin/python3", shutil.which("python3")]
-    tried = []
-    for python in dict.fromkeys(c for c in candidates if c):
+    """A Python >= 3.11 that uid/gid can exec and that imports the staged conformance.guest;
+    NoWorkloadPython (one line naming every candidate) when there is none."""
+
+    def run(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
         try:
-            res = run_workload(
-                [], [], [python, "-c", check], uid=uid, gid=gid,
-                env={"PYTHONPATH": str(REPO)}, timeout=30,
-            )  # fmt: skip
+            res = run_workload([], [], argv, uid=uid, gid=gid, env=env, timeout=30)
         except WorkloadStartError as exc:
-            tried.append(f"{python}: {exc}")
-            continue
-        if res.returncode == 0:
-            return python
-        tried.append(f"{python}: exit {res.returncode} {res.stderr.strip()[-200:]}")
-    raise LookupError(f"no Python usable as uid {uid} gid {gid}: " + "; ".join(tried))
+            return exc.code or 126, str(exc)
+        return res.returncode, res.stderr
+
+    return choose_python(str(STAGE.path()), run, uid, gid)
 
 
 def guest_command(
     *args: str, drop_privileges: bool = True, uid: int = NOBODY, gid: int = NOBODY
 ) -> tuple[list[str], dict[str, str]]:
     """argv and env that run `python -m conformance.guest ARGS` as a workload of uid/gid."""
-    argv = [workload_python(uid, gid), "-m", "conformance.guest", *args]
+    program = Program(workload_python(uid, gid), str(STAGE.path()))
+    argv, env = program.command(*args)
     if drop_privileges:
         argv.append("--drop-privileges")
-    return argv, {"PYTHONPATH": str(REPO)}
+    return argv, env
