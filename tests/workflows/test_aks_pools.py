@@ -23,6 +23,7 @@ INPUTS = {
     "inputs.cluster": "aks-conform",
     "inputs.region": "westeurope",
     "inputs.hypervisor": "kvm",
+    "inputs.registry": "hvconformacr",
 }
 TAG = "hvconform-run"
 FAKE_AZ = """#!{python}

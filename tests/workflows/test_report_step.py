@@ -31,6 +31,7 @@ def run_report(name: str, tmp: Path) -> tuple[int, str, str]:
         "inputs.cluster": "c",
         "inputs.region": "westeurope",
         "inputs.hypervisor": "kvm",
+        "inputs.registry": "hvconformacr",
     }
     result = runner.run(workflow, job, step, contexts, workspace=tmp / "workspace")
     return result.returncode, result.stdout + result.stderr, runner.summary.read_text()

@@ -151,7 +151,7 @@ def test_aks_is_manual_with_oidc_and_always_deletes_the_pool() -> None:
     workflow = actions.load("conformance-aks.yml")
     assert list(workflow["on"]) == ["workflow_dispatch"]
     inputs = workflow["on"]["workflow_dispatch"]["inputs"]
-    assert set(inputs) == {"resource-group", "cluster", "region", "hypervisor"}
+    assert set(inputs) == {"resource-group", "cluster", "region", "hypervisor", "registry"}
     assert inputs["hypervisor"]["type"] == "choice"
     assert inputs["hypervisor"]["options"] == ["kvm", "mshv"]
     assert all(inputs[k]["required"] for k in inputs)
@@ -164,8 +164,10 @@ def test_aks_is_manual_with_oidc_and_always_deletes_the_pool() -> None:
     assert all(v.startswith("${{ vars.") for v in login[0]["with"].values())
     assert job["env"]["HV_HYPERVISOR"] == "${{ inputs.hypervisor }}"
     conformance = actions.step_by_id(job, "conformance")
-    for flag in ("--resource-group", "--cluster", "--hypervisor"):
+    for flag in ("--resource-group", "--cluster", "--hypervisor", "--image"):
         assert flag in conformance["run"]
+    # Deployed by the digest the push step returned, never by a tag.
+    assert conformance["env"]["PLUGIN_IMAGE"] == "${{ steps.push.outputs.image }}"
     record = actions.step_index(job, "pools-record")
     cleanup = actions.step_by_id(job, "pools-cleanup")
     assert (

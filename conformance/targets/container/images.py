@@ -4,10 +4,12 @@
    cached as a tarball under the cache dir keyed by suite, mirror, packages and the script,
    then `docker import`ed as hv-base:<suite>-<key>. On public CI a registry base
    (`--base-image python:3.11-slim`, present locally) replaces it.
-2. Wheelhouse: `pip wheel <source> pip` on the host (PyPI is reachable at build time), keyed by
-   the tracked source files; the docker build itself never touches the network.
-3. plugin/Dockerfile and images/guest/Dockerfile built with `network_mode=none` from a context
-   made here with the repository-root layout the top-level .dockerignore describes.
+2. Builder: the base plus a wheelhouse of pip, the build backend and the dependencies
+   (`pip wheel` on the host, where PyPI is reachable; keyed by pyproject.toml's requirements),
+   images/build/Dockerfile, tagged hv-build:<key>.
+3. plugin/Dockerfile (BUILD_IMAGE = the builder: its build stage makes the wheel from the
+   sources, as on public CI) and images/guest/Dockerfile, built with `network_mode=none` from a
+   context holding what the top-level .dockerignore lets through.
 Tags carry a content key, never `latest`: an existing tag is reused as is (the warm path).
 """
 
@@ -26,6 +28,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -44,12 +47,14 @@ BASE_PACKAGES = ("python3",)
 BASE_SCRIPT = REPO / "images" / "build-base.sh"
 PLUGIN_DOCKERFILE = "plugin/Dockerfile"
 GUEST_DOCKERFILE = "images/guest/Dockerfile"
+BUILDER_DOCKERFILE = "images/build/Dockerfile"
 KEY_LABEL = "dev.hyperlight.hv.build-key"
 STAGE_LABEL = "dev.hyperlight.hv.stage"  # set on build stages, so their leftovers can be pruned
 KEEP = 3  # image versions kept per repository: enough for concurrent runs of nearby commits
-# The source of the wheel: what a fresh clone has (nothing generated or cached).
+# The source of the wheel: what a fresh clone has (nothing generated or cached), as
+# plugin/Dockerfile copies it.
 SOURCE_DIRS = ("plugin", "conformance")
-SOURCE_FILES = ("pyproject.toml", "README.md")
+SOURCE_FILES = ("pyproject.toml", "README.md", "LICENSE")
 
 Log = Callable[[str], None]
 
@@ -162,26 +167,27 @@ def source_files(repo: Path = REPO) -> list[Path]:
     return files
 
 
+def requirements(repo: Path = REPO) -> list[str]:
+    """What the image's build stage installs: pip, the build backend, the dependencies."""
+    project = tomllib.loads((repo / "pyproject.toml").read_text())
+    return ["pip", *project["build-system"]["requires"], *project["project"]["dependencies"]]
+
+
 def wheelhouse(cache_dir: Path, log: Log, repo: Path = REPO) -> Path:
-    """Wheels of the project, its dependencies and pip, built on the host once per source."""
-    files = source_files(repo)
-    key = _sha(*(str(f).encode() + b"\0" + (repo / f).read_bytes() for f in files))
+    """Wheels of pip, the build backend and the dependencies, built on the host once per set of
+    requirements (the project's own wheel is made by the image's build stage)."""
+    reqs = requirements(repo)
+    key = _sha(*(r.encode() for r in reqs))
     out = cache_dir / "wheelhouse" / key
     if (out / ".complete").exists():
         return out
     t0 = time.monotonic()
-    log(f"wheelhouse: pip wheel (source key {key})")
+    log(f"wheelhouse: pip wheel (requirements key {key})")
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        # A private copy of the source: setuptools writes build/ and *.egg-info next to it,
-        # which must not race with other builds in the working tree.
-        src = Path(tmp, "src")
-        for rel in files:
-            (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(repo / rel, src / rel)
         wheels = Path(tmp, "wheels")
         subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "-q", "--no-cache-dir", str(src), "pip",
+            [sys.executable, "-m", "pip", "wheel", "-q", "--no-cache-dir", *reqs,
              "-w", str(wheels)],
             check=True,
         )  # fmt: skip
@@ -217,35 +223,48 @@ def _build(
     base: BuiltImage,
     log: Log,
     key_parts: dict[str, bytes] | None = None,
+    buildargs: dict[str, str] | None = None,
 ) -> BuiltImage:
     t0 = time.monotonic()
     files = {dockerfile: (REPO / dockerfile).read_bytes(), **files}
     keyed = key_parts or files
     if key_parts is not None:
         keyed = {**key_parts, dockerfile: files[dockerfile]}
+    args = {"BASE_IMAGE": base.tag, **(buildargs or {})}
+    keyed = {**keyed, "buildargs": json.dumps(args, sort_keys=True).encode()}
     key = _sha(base.id.encode(), *(n.encode() + b"\0" + keyed[n] for n in sorted(keyed)))
     tag = f"{tag_prefix}{key}"
     if image_id := _existing(client, tag):
         return BuiltImage(role, tag, image_id, True, time.monotonic() - t0)
-    log(f"{role}: docker build --network none -f {dockerfile} (BASE_IMAGE={base.tag})")
+    log(f"{role}: docker build --network none -f {dockerfile} ({args})")
     image, _ = client.images.build(
         fileobj=_context(files), custom_context=True, dockerfile=dockerfile, tag=tag,
-        buildargs={"BASE_IMAGE": base.tag}, network_mode="none", labels={KEY_LABEL: key},
+        buildargs=args, network_mode="none", labels={KEY_LABEL: key},
         rm=True, forcerm=True, pull=False,
     )  # fmt: skip
     return BuiltImage(role, tag, str(image.id), False, time.monotonic() - t0)
 
 
-def build_plugin(
+def build_builder(
     client: docker.DockerClient, base: BuiltImage, wheels: Path, log: Log
 ) -> BuiltImage:
-    """hv-device-plugin:<version>-<key>, installed offline from the wheelhouse."""
-    files = {f"build/wheelhouse/{w.name}": w.read_bytes() for w in sorted(wheels.glob("*.whl"))}
+    """hv-build:<key>: the base, pip and the wheelhouse, pip pointed at it (no index)."""
+    files = {f"wheels/{w.name}": w.read_bytes() for w in sorted(wheels.glob("*.whl"))}
     # Wheels are not byte-reproducible (zip timestamps): the key is the wheelhouse's own key,
-    # i.e. the source, plus the wheel names (dependency versions).
+    # i.e. the requirements, plus the wheel names (dependency versions).
     key_parts = {"wheelhouse": wheels.name.encode(), "wheels": "\n".join(sorted(files)).encode()}
+    return _build(client, "builder", "hv-build:", BUILDER_DOCKERFILE, files, base, log, key_parts)
+
+
+def build_plugin(
+    client: docker.DockerClient, base: BuiltImage, builder: BuiltImage, log: Log
+) -> BuiltImage:
+    """hv-device-plugin:<version>-<key>: plugin/Dockerfile on the sources, as documented, with
+    the builder as BUILD_IMAGE (the wheel is made in its build stage, offline)."""
+    files = {str(rel): (REPO / rel).read_bytes() for rel in source_files()}
     prefix = f"{PLUGIN_IMAGE_REPOSITORY}:{installed_version()}-"
-    return _build(client, "plugin", prefix, PLUGIN_DOCKERFILE, files, base, log, key_parts)
+    return _build(client, "plugin", prefix, PLUGIN_DOCKERFILE, files, base, log,
+                  buildargs={"BUILD_IMAGE": builder.tag})  # fmt: skip
 
 
 def build_guest(client: docker.DockerClient, base: BuiltImage, log: Log) -> BuiltImage:
@@ -325,8 +344,10 @@ def ensure_images(
         base = (
             registry_base(client, base_image) if base_image else build_base(client, cache_dir, log)
         )
-        plugin = build_plugin(client, base, wheelhouse(cache_dir, log), log)
+        builder = build_builder(client, base, wheelhouse(cache_dir, log), log)
+        plugin = build_plugin(client, base, builder, log)
         guest = build_guest(client, base, log)
+        _prune(client, "hv-build", KEEP)
         _prune(client, PLUGIN_IMAGE_REPOSITORY, KEEP)
         _prune(client, GUEST_IMAGE_REPOSITORY, KEEP)
     return ImageSet(base, plugin, guest)
