@@ -27,6 +27,7 @@ from plugin.cdi_spec import desired_spec
 from plugin.config import Config, ConfigError, env_name, parse_config
 from plugin.endpoints import LIVENESS_SERVICE, READINESS_SERVICE, HttpEndpoints
 from plugin.health import HealthState
+from plugin.inputs import printable
 from plugin.monitor import Monitor
 from plugin.preflight import preflight
 from plugin.probe_worker import ProbeWorker
@@ -194,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = parse_config(args)
         listener = preflight(cfg)
     except ConfigError as exc:
-        print(f"hv-device-plugin: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"hv-device-plugin: {printable(str(exc))}", file=sys.stderr)
         return EXIT_CONFIG
     logs.setup(
         cfg.log_level, component="hv-device-plugin", mode=cfg.mode, resource=cfg.resource_name

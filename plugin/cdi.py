@@ -27,6 +27,7 @@ from plugin.cdi_spec import (
     validate_spec,
 )
 from plugin.device import a_file_type
+from plugin.inputs import printable
 
 __all__ = [
     "DEFAULT_CDI_VERSION",
@@ -187,7 +188,8 @@ class CdiReconciler:
                 [f"larger than {MAX_SPEC_BYTES} bytes"] if data is None else validate_spec(data)
             )
             if problems:
-                return CdiStatus("malformed", reason=f"{self.path}: {problems[0]}")
+                # A problem may quote the file (a key, a value): cut to one bounded line.
+                return CdiStatus("malformed", reason=f"{self.path}: {printable(problems[0])}")
             return CdiStatus("stale", reason=f"{self.path} differs from the desired content")
         mode = stat.S_IMODE(st.st_mode)
         if mode != self.mode:

@@ -11,6 +11,8 @@ import ipaddress
 import re
 
 MAX_SHOWN_CHARS = 60
+# Any one-line message built from outside input (a refusal, a CDI problem) is cut to this.
+MAX_LINE_CHARS = 400
 # The kubelet's validation of an extended resource name (see the device manager facts):
 # a qualified name whose prefix, with "requests." in front, is still a DNS-1123 subdomain.
 REQUESTS_PREFIX = "requests."
@@ -41,6 +43,15 @@ def show(raw: str) -> str:
     if len(raw) <= MAX_SHOWN_CHARS:
         return repr(raw)
     return f"{raw[:MAX_SHOWN_CHARS]!r}... ({len(raw)} characters)"
+
+
+def printable(text: str, limit: int = MAX_LINE_CHARS) -> str:
+    """One line of at most about `limit` characters, unprintable characters escaped (\\n,
+    \\x1b): for messages that quote what a user or a file supplied."""
+    escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[: limit + 1])
+    if len(escaped) <= limit:
+        return escaped
+    return f"{escaped[:limit]}... ({len(text)} characters)"
 
 
 def parse_int(raw: str, lo: int, hi: int) -> int:

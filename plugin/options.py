@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from plugin.cdi_spec import UINT32_MAX
+from plugin.inputs import printable
 
 ALLOWED_DEVICES = ("/dev/kvm", "/dev/mshv")
 HYPERVISOR_RESOURCE = "hyperlight.dev/hypervisor"
@@ -171,7 +172,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that refuses in one line (ConfigError) instead of usage text and exit."""
 
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(message)
+        raise ConfigError(printable(message))  # it may quote any argument given
 
 
 class _Version(argparse.Action):

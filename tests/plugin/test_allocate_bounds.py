@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from plugin.api import deviceplugin_pb2 as pb
 from plugin.config import MAX_SLOTS
@@ -190,3 +192,43 @@ def test_preferred_allocation_beyond_capacity_is_refused(
         )
         answer = stub.GetPreferredAllocation(within, timeout=30)
         assert list(answer.container_responses[0].deviceIDs) == ["kvm-9", "kvm-0"]
+
+
+WIRE_IDS = st.one_of(
+    st.sampled_from([f"kvm-{i}" for i in (0, 1, MAX_SLOTS - 1, MAX_SLOTS)]), st.text(max_size=20)
+)
+
+
+# One plugin for every example, on purpose: it must survive them all in a row.
+@settings(
+    max_examples=60,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        st.lists(st.lists(WIRE_IDS, max_size=5), max_size=3).map(
+            lambda cs: pb.AllocateRequest(
+                container_requests=[pb.ContainerAllocateRequest(devices_ids=c) for c in cs]
+            ).SerializeToString()
+        ),
+    )
+)
+def test_allocate_answers_any_bytes_ok_or_invalid_argument(
+    busy_plugin: tuple[PluginProcess, Stream], body: bytes
+) -> None:
+    proc, _ = busy_plugin
+    with grpc.insecure_channel(f"unix:{proc.socket()}") as channel:
+        call = channel.unary_unary(ALLOCATE, response_deserializer=pb.AllocateResponse.FromString)
+        try:
+            answer = call(body, timeout=30)
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+            assert len(err.details() or "") <= MAX_MESSAGE_CHARS
+            return
+    request = pb.AllocateRequest.FromString(body)
+    ids = [i for c in request.container_requests for i in c.devices_ids]
+    assert ids and len(set(ids)) == len(ids) and all(i.startswith("kvm-") for i in ids)
+    assert len(answer.container_responses) == len(request.container_requests)

@@ -7,6 +7,7 @@ Every input of issue 16's plugin section is a case; the real program runs each t
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import shutil
 import socket
@@ -208,3 +209,11 @@ def test_help_states_the_bounds() -> None:
     flat = " ".join(out.split())
     assert f"1 to {MAX_SLOTS}" in flat and "--max-pods" in flat
     assert "Exit codes" in flat and "HV_HEALTH_ADDR" in flat
+
+
+def test_the_chart_allows_no_more_slots_than_the_plugin() -> None:
+    """A chart value the plugin would refuse must fail at `helm install`, not on the node."""
+    schema = json.loads(
+        (Path(__file__).parents[2] / "charts/hv-device-plugin/values.schema.json").read_text()
+    )
+    assert schema["properties"]["slots"]["maximum"] == MAX_SLOTS
