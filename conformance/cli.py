@@ -3,33 +3,37 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+from conformance import cli_inputs as inputs
+from conformance.contract import manifest
+from conformance.contract.plugin import ProfileError
+from conformance.contract.plugin import resolve as resolve_plugin
 from conformance.scenarios import CATALOGUE, CLEANUP
 from conformance.targets import RUNTIMES, TARGETS, plan_text
 from conformance.targets.cluster.plan import ENV_OPTIONS, ClusterOptions
 from plugin.api.names import default_plugin_image
 
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
-EXIT_NO_CHECKS = 5
+EXIT_NO_CHECKS = inputs.EXIT_NO_CHECKS
 
 
 def _build_parser() -> argparse.ArgumentParser:
     checks = "\n".join(f"  {c.id:<22} -m {c.marker:<13} {c.title}" for c in (*CATALOGUE, CLEANUP))
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = inputs.OneLineParser(
         prog="hvconform",
         description="Conformance suite for Kubernetes hypervisor device plugins (v1beta1).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"checks:\n{checks}\n\nexamples:\n  hvconform run\n  hvconform run -m cdi -n 2\n"
         "  hvconform run --plugin-cmd 'python -m my_plugin --flag'\n",
     )
+    parser.add_argument("--version", action=inputs.VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
     for register in _subcommands():
         register(sub)
@@ -94,10 +98,18 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--out", default="", help="results dir (default reports/<run-id>)")
     run.add_argument(
+        "--plugin-profile",
+        default=os.environ.get("HV_PLUGIN_PROFILE", ""),
+        metavar="FILE",
+        help="YAML profile of the plugin under test: command (run as is), env, paths, "
+        "readiness/liveness probes; see README 'Testing your own plugin' [HV_PLUGIN_PROFILE] "
+        "(default: this repository's shipped profile)",
+    )
+    run.add_argument(
         "--plugin-cmd",
         default=os.environ.get("HV_PLUGIN_CMD", ""),
-        help="command starting the plugin under test; it receives the standard "
-        "hv-device-plugin flags appended [HV_PLUGIN_CMD] (default: this repo's)",
+        help="shortcut for a plugin with this repository's flags: the standard paths are "
+        "passed as --device-plugin-dir/--cdi-dir/--host-dev-dir/--health-addr [HV_PLUGIN_CMD]",
     )
     run.add_argument(
         "-n",
@@ -126,11 +138,13 @@ def _subcommands() -> list[Register]:
     from conformance.manifests.cli import register as manifests_register
     from conformance.metadata.cli import register as metadata_register
     from conformance.report.cli import register as report_register
+    from conformance.report.compare import register as compare_register
 
     registers: list[Register] = [
         manifests_register,
         metadata_register,
         report_register,
+        compare_register,
         bench_register,
     ]
     return registers
@@ -156,10 +170,10 @@ def _render_reports(results: Path, out: Path, *, partial: bool) -> None:
 
     try:
         paths = render_all(results, out, partial=partial)
+        append_step_summary(paths["markdown"])
     except ReportError as exc:
         print(f"hvconform: could not render reports: {exc}", file=sys.stderr)
         return
-    append_step_summary(paths["markdown"])
     print(f"hvconform: report at {paths['markdown']} and {paths['html']}")
 
 
@@ -205,7 +219,44 @@ def _cluster_options(
     return {ENV_OPTIONS: options.to_env()}, None
 
 
+def _input_problem(ns: argparse.Namespace) -> str | None:
+    """The first of the run's own inputs that cannot be used (exit 2 before anything exists)."""
+    return (
+        (inputs.markexpr_problem(ns.markexpr) if ns.markexpr else None)
+        or inputs.recovery_problem(ns.recovery_timeout)
+        or inputs.workers_problem(str(ns.workers))
+    )
+
+
+def _output_problem(ns: argparse.Namespace, root: Path, out: Path) -> str | None:
+    """--out new or empty, --reports-root a directory (when used), reports/latest a symlink."""
+    uses_root = not ns.out or out.parent == root
+    return (
+        inputs.output_problem("--out", out, must_be_empty=True)
+        or (
+            inputs.output_problem("--reports-root", root, must_be_empty=False)
+            if uses_root
+            else None
+        )
+        or (inputs.latest_problem(root) if uses_root else None)
+    )
+
+
+def _load_run_results(results: Path) -> dict[str, Any] | None:
+    from conformance.report import ReportError, load_results
+
+    try:
+        return load_results(results)
+    except ReportError as exc:
+        print(f"hvconform: the run's own results are unusable: {exc}", file=sys.stderr)
+        return None
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
+    problem = _input_problem(ns)
+    if problem:
+        print(f"hvconform: {problem}", file=sys.stderr)
+        return inputs.EXIT_BAD_INPUT
     unknown = _unknown_markers(ns.markexpr)
     if unknown:
         known = sorted({c.marker for c in (*CATALOGUE, CLEANUP)})
@@ -213,6 +264,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
             f"hvconform: unknown marker(s) in -m: {', '.join(unknown)}; known: {', '.join(known)}",
             file=sys.stderr,
         )
+        return 2
+    try:
+        plugin = resolve_plugin(ns.plugin_profile, ns.plugin_cmd)
+    except ProfileError as exc:
+        print(f"hvconform: {exc}", file=sys.stderr)
         return 2
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
     root = Path(ns.reports_root).resolve()
@@ -222,6 +278,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
         return code
     if ns.target == "node":
         ns.workers = "0"  # one real node per machine: serial
+    problem = _output_problem(ns, root, out)
+    if problem:
+        print(f"hvconform: {problem}", file=sys.stderr)
+        return inputs.EXIT_BAD_INPUT
     out.mkdir(parents=True, exist_ok=True)
     args = [
         sys.executable,
@@ -249,6 +309,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
     ]
     if ns.plugin_cmd:
         args += ["--plugin-cmd", ns.plugin_cmd]
+    if ns.plugin_profile:
+        args += ["--plugin-profile", str(Path(ns.plugin_profile).resolve())]
+    print(f"hvconform: plugin under test: {plugin.name} ({plugin.source})", flush=True)
     if ns.markexpr:
         args += ["-m", ns.markexpr]
     if ns.workers not in ("", "0"):
@@ -256,7 +319,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
     args += ns.pytest_args
     print(f"hvconform: run {run_id} on target {ns.target}; results in {out}", flush=True)
     env = {**os.environ, "HV_RECOVERY_TIMEOUT_S": str(ns.recovery_timeout), **cluster_env}
-    code = subprocess.run(args, check=False, env=env).returncode
+    code = inputs.run_pytest(args, env)
+    # The run started from a new or empty --out: all it holds now, the run wrote.
+    manifest.write(out, manifest.inventory(out))
     results = out / "results.json"
     if code == EXIT_NO_CHECKS:
         print(
@@ -266,16 +331,18 @@ def cmd_run(ns: argparse.Namespace) -> int:
         return EXIT_NO_CHECKS
     if not results.exists():
         print(f"hvconform: pytest exited {code} without writing {results}", file=sys.stderr)
-        return code or 1
+        return inputs.exit_without_results(code)
     if ns.out == "" or out.parent == root:
         _link_latest(root, out)
-    data = json.loads(results.read_text())
+    data = _load_run_results(results)
+    if data is None:
+        return inputs.EXIT_SUITE_BROKE
     _render_reports(results, out, partial=bool(data["run"].get("partial")))
     counts = data["run"].get("counts", {})
-    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no check results"
     print(f"hvconform: {summary}; results.json at {results}")
     failed = any(c["status"] == "failed" for c in data["checks"])
-    return 1 if failed else (code if code not in (0, EXIT_NO_CHECKS) else 0)
+    return inputs.exit_code(code, failed=failed)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

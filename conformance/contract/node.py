@@ -25,6 +25,10 @@ CAP_SOCKET_REDIRECT = "socket-redirect"
 CAP_GUEST = "guest"
 CAP_LONG_GUEST = "long-guest"
 CAP_READ_STORM = "read-storm"
+# The plugin's own health can be observed (its profile names a probe); without it a plugin is
+# judged on what the kubelet sees: health in ListAndWatch, allocatable, Allocate answers.
+CAP_READINESS = "readiness"
+CAP_LIVENESS = "liveness"
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,12 @@ class Node(Protocol):
     def long_guest_counter(self, handle: str) -> int: ...
     def start_read_storm(self, area: Area, name: str, accepted: list[bytes]) -> ReadStorm: ...
     def host_device_metadata(self) -> dict[str, int | str]: ...
+
+    # faults and isolation built on the above (conformance.contract.base has the defaults)
+    def set_device_present(self, present: bool) -> None: ...
+    def start_plugin_isolated(self) -> None: ...
+    def restore_plugin_sockets(self) -> None: ...
+    def restore_baseline(self) -> list[str]: ...
 
 
 def require(node: Node, *caps: str) -> None:

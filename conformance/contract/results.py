@@ -10,7 +10,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # results.schema.json; README "results.json" says what changed
 
 
 class Status(enum.StrEnum):
@@ -19,6 +19,8 @@ class Status(enum.StrEnum):
     SKIPPED = "skipped"
     NOT_APPLICABLE = "not_applicable"
     ENVIRONMENT_BLOCKED = "environment_blocked"
+    # An earlier check left the node dirty and it could not be restored: not this check's verdict.
+    BLOCKED = "blocked"
 
 
 class NotApplicable(Exception):

@@ -278,6 +278,16 @@ class Accounting:
         with self._lock:
             return list(self._registrations.get(resource, []))
 
+    def registered_resources(self) -> list[str]:
+        """Resource names with at least one accepted Register call, first registered first."""
+        with self._lock:
+            done = [
+                (min(r.t for r in recs if r.ok), name)
+                for name, recs in self._registrations.items()
+                if any(r.ok for r in recs)
+            ]
+        return [name for _, name in sorted(done)]
+
     def allocations(self) -> list[AllocationRecord]:
         with self._lock:
             return sorted(self._allocations.values(), key=lambda a: a.alloc_id)

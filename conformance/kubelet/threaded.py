@@ -188,6 +188,9 @@ class ThreadedKubeletEmulator:
     def registrations(self, resource: str) -> list[RegistrationRecord]:
         return self.accounting.registrations(resource)
 
+    def registered_resources(self) -> list[str]:
+        return self.accounting.registered_resources()
+
     def allocations(self) -> list[AllocationRecord]:
         return self.accounting.allocations()
 

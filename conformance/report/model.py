@@ -8,16 +8,19 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.report import words
+from conformance.contract import manifest
+from conformance.report import env_facts, text, words
 
+LEDGER_MAX_BYTES = 16 * 1024 * 1024  # per ledger file read for the cleanup summary
 NOT_RUN = "not_run"
 NOT_RUN_REASON = "the run stopped before this check"
 # Order in which checks that did not pass are listed under scope limits: the gravest first.
-_GRAVITY = ("failed", "environment_blocked", "not_applicable", "skipped", NOT_RUN)
+_GRAVITY = ("failed", "blocked", "environment_blocked", "not_applicable", "skipped", NOT_RUN)
 
 # Timeline event kinds, in the order a fault check walks through them. Writers may set `kind`
 # on an event; otherwise it is inferred from the event's name (the scenarios' wording).
@@ -44,7 +47,7 @@ class Event:
 @dataclass(frozen=True)
 class Evidence:
     name: str  # as recorded in results.json
-    href: str  # relative to the report's directory
+    href: str  # relative to the report's directory, percent-encoded; "" when not linkable
     present: bool
 
 
@@ -114,6 +117,7 @@ class ReportView:
     partial: bool
     logs: list[Evidence]
     results_href: str = "results.json"
+    bundle_notes: list[str] = field(default_factory=list)  # what evidence.tar.gz left out
 
     @property
     def target(self) -> str:
@@ -190,14 +194,22 @@ def _timeline(raw: list[dict[str, Any]]) -> list[Event]:
     return sorted(events, key=lambda e: e.t_s)  # stable: equal times keep the recorded order
 
 
+def _link(path: Path, out_dir: Path) -> str:
+    return text.href(Path(os.path.relpath(path, out_dir)).as_posix())
+
+
 def _evidence(names: list[str], run_dir: Path, out_dir: Path) -> list[Evidence]:
     found = []
     for name in names:
         # Recorder.evidence stores names relative to <run>/evidence; a path with a slash is
-        # taken relative to the run directory itself.
+        # taken relative to the run directory itself. A name that leaves the run directory
+        # (absolute, '..') or is hidden is shown, never linked, and never looked up.
+        if manifest.safe_name(name) is not None:
+            found.append(Evidence(name, "", False))
+            continue
         path = run_dir / name if "/" in name else run_dir / "evidence" / name
-        href = Path(os.path.relpath(path, out_dir)).as_posix()
-        found.append(Evidence(name, href, path.is_file()))
+        present = path.is_file() and not path.is_symlink()
+        found.append(Evidence(name, _link(path, out_dir), present))
     return found
 
 
@@ -274,6 +286,8 @@ def environment_rows(env: dict[str, Any], run: dict[str, Any]) -> list[tuple[str
         rows += [
             (labels.get(str(k), str(k)), str(v)) for k, v in node.items() if v not in ("", None)
         ]
+    rows += env_facts.rows(env)  # schema 1.1: cgroups, suite, components, cluster, preconditions
+    used.update(env_facts.KEYS)
     for key in sorted(set(env) - used):
         if isinstance(env[key], str | int | float) and key != "hostname":
             rows.append((key.replace("_", " ").capitalize(), str(env[key])))
@@ -333,20 +347,34 @@ def _ledger_kinds(run_dir: Path) -> Counter[str]:
     """What the run created, by kind, from the ledger files next to results.json (if any)."""
     kinds: Counter[str] = Counter()
     for path in sorted((run_dir / "ledger").glob("*.jsonl")):
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue  # a worker killed mid-write leaves a torn last line
-            if isinstance(entry, dict) and entry.get("op") == "created":
-                kinds[str(entry.get("kind", "?"))] += 1
+        if path.is_symlink() or not path.is_file():
+            continue  # never follow a link planted in the run directory
+        with path.open("rb") as handle:
+            # Bounded: a ledger line is a few hundred bytes; a crafted huge file is cut short.
+            for raw in handle.read(LEDGER_MAX_BYTES).splitlines():
+                try:
+                    entry = json.loads(raw.decode("utf-8", "replace"))
+                except (ValueError, RecursionError):
+                    continue  # a worker killed mid-write leaves a torn last line
+                if isinstance(entry, dict) and entry.get("op") == "created":
+                    kinds[text.visible(str(entry.get("kind", "?")))] += 1
     return kinds
 
 
 def build(
-    data: dict[str, Any], run_dir: Path, out_dir: Path, *, partial: bool = False
+    data: dict[str, Any],
+    run_dir: Path,
+    out_dir: Path,
+    *,
+    partial: bool = False,
+    bundle_notes: Sequence[str] = (),
 ) -> ReportView:
-    """The view of one results document whose files live in run_dir, for a report in out_dir."""
+    """The view of one results document whose files live in run_dir, for a report in out_dir.
+
+    Every string of the document is made visible here, once (see conformance.report.text), so
+    no template, chart or XML writer ever sees a control character.
+    """
+    data = text.visible_tree(data)
     run = dict(data["run"])
     env = dict(data.get("environment", {}))
     checks = [_check(raw, run_dir, out_dir) for raw in data["checks"]]
@@ -354,11 +382,13 @@ def build(
     seen = {c.id for c in checks}
     checks += [_not_run(i, NOT_RUN_REASON) for i in run.get("planned", []) if i not in seen]
     logs = [
-        Evidence(p.name, Path(os.path.relpath(p, out_dir)).as_posix(), True)
+        Evidence(text.visible(p.name), _link(p, out_dir), True)
         for p in sorted(run_dir.glob("plugin-*.log"))
+        if p.is_file() and not p.is_symlink()
     ]
-    results_href = Path(os.path.relpath(run_dir / "results.json", out_dir)).as_posix()
+    results_href = _link(run_dir / "results.json", out_dir)
     view = ReportView(run, environment_rows(env, run), checks, [], "", partial, logs, results_href)
+    view.bundle_notes = list(bundle_notes)
     view.scope_limits = _scope_limits(view, env)
     view.cleanup = _cleanup(view, _ledger_kinds(run_dir))
     return view

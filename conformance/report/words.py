@@ -184,6 +184,7 @@ STATUS_WORDS = {
     "skipped": "Skipped",
     "not_applicable": "Not applicable",
     "environment_blocked": "Environment blocked",
+    "blocked": "Blocked",
     "not_run": "Not run",
 }
 

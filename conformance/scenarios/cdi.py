@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import time
 
-from conformance.contract.node import CAP_READ_ONLY, Node, require
+from conformance.contract.node import CAP_READ_ONLY, CAP_READINESS, Node, require
 from conformance.contract.results import Recorder
 from conformance.contract.wait import wait_for
 from conformance.scenarios.common import (
     FAULT_TIMEOUT_S,
     RECOVERY_TIMEOUT_S,
+    expect_live,
+    expect_unready,
     fresh_guest,
+    require_spec,
     wait_ready,
     wait_spec_desired,
 )
@@ -22,6 +25,7 @@ def _stale(baseline: bytes) -> bytes:
 
 
 def _inject_and_recover(node: Node, rec: Recorder, label: str, inject: str) -> None:
+    require_spec(node)
     wait_ready(node, rec, "before fault")
     t0 = time.monotonic()
     if inject == "missing":
@@ -51,6 +55,7 @@ def cdi_malformed(node: Node, rec: Recorder) -> None:
 
 
 def cdi_non_regular(node: Node, rec: Recorder) -> None:
+    require_spec(node)
     wait_ready(node, rec, "before fault")
     instance = node.plugin_instance()
     name = node.spec_name
@@ -63,9 +68,7 @@ def cdi_non_regular(node: Node, rec: Recorder) -> None:
         except FileExistsError:
             assert time.monotonic() < deadline, "could not place a directory at the spec path"
     t0 = rec.event("directory placed at spec path")
-    wait_for(
-        lambda: not node.plugin_ready(), FAULT_TIMEOUT_S, "readiness false (directory at spec)"
-    )
+    expect_unready(node, rec, "directory at spec")
     wait_for(lambda: node.allocatable() == 0, FAULT_TIMEOUT_S, "allocatable 0 (directory at spec)")
     rec.metric("detected_s", rec.event("unready and allocatable 0") - t0)
     info = node.stat("cdi", name)
@@ -80,14 +83,16 @@ def cdi_non_regular(node: Node, rec: Recorder) -> None:
 
 def cdi_read_only(node: Node, rec: Recorder) -> None:
     require(node, CAP_READ_ONLY)
+    require_spec(node)
     wait_ready(node, rec, "before fault")
     instance = node.plugin_instance()
     node.set_storage_read_only("cdi", True)  # an empty read-only view: the spec is missing
     t0 = rec.event("read-only CDI storage, spec missing")
     try:
-        wait_for(lambda: not node.plugin_ready(), FAULT_TIMEOUT_S, "readiness false (read-only)")
-        rec.metric("detected_s", rec.event("readiness false") - t0)
-        assert node.plugin_live(), "liveness must stay true while storage is read-only"
+        expect_unready(node, rec, "read-only")
+        if CAP_READINESS in node.capabilities:
+            rec.metric("detected_s", rec.event("readiness false") - t0)
+        expect_live(node, rec, "storage read-only")
         allocation = node.allocate()
         assert not allocation.ok, "allocation succeeded while the spec could not be written"
         rec.note(f"refused allocation: {allocation.reason}: {allocation.message}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from conformance.contract.node import CAP_GUEST, Node
-from conformance.contract.results import Recorder
+from conformance.contract.node import CAP_GUEST, CAP_LIVENESS, CAP_READINESS, Node
+from conformance.contract.results import NotApplicable, Recorder
 from conformance.contract.wait import wait_for
 
 # How long a plugin may take to notice a fault and to recover from it. The seed measured 22-32 s
@@ -16,9 +16,34 @@ FAULT_TIMEOUT_S = min(30.0, RECOVERY_TIMEOUT_S)
 
 
 def wait_ready(node: Node, rec: Recorder, label: str, timeout: float = RECOVERY_TIMEOUT_S) -> float:
-    wait_for(node.plugin_ready, timeout, f"plugin readiness ({label})")
+    """Ready as the plugin says (when observable) and as the kubelet sees it (always)."""
+    if CAP_READINESS in node.capabilities:
+        wait_for(node.plugin_ready, timeout, f"plugin readiness ({label})")
     wait_for(lambda: node.allocatable() > 0, timeout, f"allocatable > 0 ({label})")
     return rec.event(f"ready ({label})")
+
+
+def expect_unready(node: Node, rec: Recorder, label: str, timeout: float = FAULT_TIMEOUT_S) -> None:
+    """Readiness must turn false; a plugin whose readiness cannot be observed is judged on
+    what the kubelet sees instead, and the evidence says so (never a silent pass)."""
+    if CAP_READINESS in node.capabilities:
+        wait_for(lambda: not node.plugin_ready(), timeout, f"readiness false ({label})")
+    else:
+        rec.note(f"readiness not observable ({label}): judged on allocatable and Allocate")
+
+
+def expect_live(node: Node, rec: Recorder, label: str) -> None:
+    """Liveness must hold during a fault the plugin should survive (when observable)."""
+    if CAP_LIVENESS in node.capabilities:
+        assert node.plugin_live(), f"liveness must stay true ({label})"
+    else:
+        rec.note(f"liveness not observable ({label})")
+
+
+def require_spec(node: Node) -> None:
+    """CDI checks need the spec file the plugin owns (discovered at node setup)."""
+    if not node.spec_name:
+        raise NotApplicable("the plugin answered Allocate with no CDI device: it owns no spec")
 
 
 def fresh_guest(node: Node, rec: Recorder, label: str) -> None:

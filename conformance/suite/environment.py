@@ -1,4 +1,7 @@
-"""The exact environment of a run: kernel, distribution, Python, plugin version and source commit."""
+"""The exact environment of a run: kernel, distribution, cgroup version and driver, Python, the
+plugin's and the suite's versions, the source commit; then what the target family adds
+(`environment(target, runtime)` of its preflight module: component versions asked from the
+binaries, the cgroup driver its kubelet uses) and every precondition finding."""
 
 from __future__ import annotations
 
@@ -9,6 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from conformance.contract import hostfacts
+from conformance.suite import preflight as preconditions
+from conformance.targets import UnknownTarget, preflight
 from plugin.api.names import installed_version
 
 
@@ -62,13 +68,20 @@ def _device(path: str) -> dict[str, Any]:
     }
 
 
+def cgroup() -> dict[str, str]:
+    """Version (v1, hybrid, v2), the host's driver (systemd or cgroupfs), controllers."""
+    return {**hostfacts.cgroup_layout(), "driver": hostfacts.cgroup_driver()}
+
+
 def collect() -> dict[str, Any]:
     uname = platform.uname()
     return {
         "kernel": uname.release,
         "machine": uname.machine,
         "distribution": _os_release(),
+        "cgroup": cgroup(),
         "python": platform.python_version(),
+        "suite_version": installed_version(),  # hvconform ships in the project's distribution
         "cpu_count": os.cpu_count() or 0,
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "plugin_version": installed_version(),
@@ -76,3 +89,20 @@ def collect() -> dict[str, Any]:
         "devices": {"/dev/kvm": _device("/dev/kvm"), "/dev/mshv": _device("/dev/mshv")},
         "hostname": uname.node,
     }
+
+
+def collect_for(target: str, runtime: str) -> dict[str, Any]:
+    """collect() plus the target family's facts and the preconditions checked for this run."""
+    env = collect()
+    try:
+        family: dict[str, Any] = preflight(target, runtime).environment(target, runtime)
+    except (UnknownTarget, ModuleNotFoundError):
+        family = {}
+    driver = family.pop("cgroup_driver", "")
+    if driver:  # the driver the target's kubelet or runtime was configured with
+        env["cgroup"]["driver"] = driver
+    env.update(family)
+    found = preconditions.findings()
+    if found:
+        env["preconditions"] = found
+    return env

@@ -18,6 +18,8 @@ import pytest
 
 from conformance.contract.ledger import read_entries, survivors
 from conformance.contract.node import Node
+from conformance.contract.plugin import PluginUnderTest
+from conformance.contract.plugin import resolve as resolve_plugin
 from conformance.contract.results import (
     CheckRecord,
     EnvironmentBlocked,
@@ -30,10 +32,12 @@ from conformance.contract.results import (
 from conformance.contract.target_report import merge_reports
 from conformance.metadata.twophase import TwoPhase
 from conformance.scenarios import BY_ID, CATALOGUE, CLEANUP, Check
-from conformance.suite import environment
+from conformance.suite import environment, preflight
 from conformance.targets import RUNTIMES, open_target
 
 USER_PROP = "hv_check"
+# Preconditions: checked before the first check; an unmet one blocks every check.
+pytest_plugins = ["conformance.suite.preflight"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,6 +45,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--target", default="local", help="node target: local (default)")
     group.addoption("--out", default="", help="results directory (default reports/<run-id>)")
     group.addoption("--plugin-cmd", default="", help="command that starts the plugin under test")
+    group.addoption("--plugin-profile", default="", help="profile of the plugin under test")
     group.addoption("--run-id", default="", help="run id (default: timestamp)")
     group.addoption(
         "--runtime",
@@ -96,7 +101,7 @@ def node(request: pytest.FixtureRequest) -> Iterator[Node]:
             target,
             out_dir=run_dir(),
             worker=worker_id(config),
-            plugin=config.getoption("--plugin-cmd"),
+            plugin=plugin_under_test(config),
             runtime=config.getoption("--runtime"),
             metadata=None if local_phases else two_phase,
         ) as target_node:
@@ -128,8 +133,22 @@ def check_record(request: pytest.FixtureRequest) -> Iterator[tuple[Check, Record
     request.node.user_properties.append((USER_PROP, json.dumps(record.to_json())))
 
 
+def plugin_under_test(config: pytest.Config) -> PluginUnderTest:
+    return resolve_plugin(config.getoption("--plugin-profile"), config.getoption("--plugin-cmd"))
+
+
+# Per worker: the check that left this worker's node dirty, and what could not be restored.
+_DIRTY: dict[str, str] = {}
+
+
 def run_check(node: Node, check: Check, rec: Recorder) -> None:
-    """Run one scenario; statuses other than pass and fail travel as skip reasons."""
+    """Run one scenario, then put the node back to its baseline (verified) whatever happened.
+
+    Statuses other than pass and fail travel as skip reasons. A node that cannot be restored
+    blocks the checks after it on that node: they end `blocked`, naming the check and the cause.
+    """
+    if _DIRTY:
+        pytest.skip(f"{Status.BLOCKED.value}: {_DIRTY['by']} left the node dirty: {_DIRTY['why']}")
     try:
         check.run(node, rec)
     except NotApplicable as exc:
@@ -139,6 +158,20 @@ def run_check(node: Node, check: Check, rec: Recorder) -> None:
     except BaseException:
         rec.evidence("plugin.log", node.plugin_log_tail(200))
         raise
+    finally:
+        _restore(node, check, rec)
+
+
+def _restore(node: Node, check: Check, rec: Recorder) -> None:
+    t0 = time.monotonic()
+    try:
+        problems = node.restore_baseline()
+    except Exception as exc:
+        problems = [f"{type(exc).__name__}: {exc}"]
+    rec.metric("restore_s", round(time.monotonic() - t0, 6))
+    if problems:
+        _DIRTY.update(by=check.id, why="; ".join(problems))
+        rec.note(f"node not restored after this check: {_DIRTY['why']}")
 
 
 def _status_from_report(report: pytest.TestReport) -> tuple[str, str]:
@@ -147,7 +180,7 @@ def _status_from_report(report: pytest.TestReport) -> tuple[str, str]:
     if report.skipped:
         raw = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         text = raw.removeprefix("Skipped: ")
-        for status in (Status.NOT_APPLICABLE, Status.ENVIRONMENT_BLOCKED):
+        for status in (Status.NOT_APPLICABLE, Status.ENVIRONMENT_BLOCKED, Status.BLOCKED):
             if text.startswith(status.value + ": "):
                 return status.value, text[len(status.value) + 2 :]
         return Status.SKIPPED.value, text
@@ -235,10 +268,7 @@ def _cleanup_record(out: Path) -> dict[str, Any]:
     record = CheckRecord(CLEANUP.id, CLEANUP.marker, CLEANUP.title)
     record.metrics = {"ledger_entries": len(entries), "survivors": len(left)}
     if not entries:
-        record.status, record.reason = (
-            Status.SKIPPED.value,
-            "no ledger entries: no node was created",
-        )
+        record.status, record.reason = preflight.nothing_created()
     elif left:
         record.status = Status.FAILED.value
         record.reason = "left behind: " + "; ".join(f"{e.kind} {e.ident}" for e in left[:10])
@@ -324,6 +354,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             "duration_s": round(finished - run["started"], 3),
             "exit_code": int(session.exitstatus),
             "plugin_cmd": config.getoption("--plugin-cmd") or "hv-device-plugin (this repository)",
+            "plugin": plugin_under_test(config).summary(),
             "markexpr": config.getoption("-m") or "",
             "counts": counts,
             "workers": str(config.getoption("numprocesses", None) or 0),
@@ -340,7 +371,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             ),
         },
         environment={
-            **environment.collect(),
+            **environment.collect_for(config.getoption("--target"), config.getoption("--runtime")),
             **({"targets": targets} if targets else {}),
             **({"cluster": cluster} if cluster else {}),
         },

@@ -8,9 +8,12 @@ is one entry here plus its module. Each family module exposes
     open_node(*, out_dir, worker, plugin, metadata) -> context manager yielding a Node
 
 and cluster families (created and deleted by the suite) also `build_plan(options, objects)` and
-`plan_text(options)` for `--dry-run`. Families by folder: `local/` (processes on this machine,
-the kubelet emulator), `container/` (the plugin under Docker, workloads under podman), `cluster/`
-(anything with an API server: kind, AKS), `realnode/` (a real kubelet on this machine).
+`plan_text(options)` for `--dry-run`. Next to each family module, a `preflight` module gives the
+suite `preconditions(target, runtime)` (checked before the first check) and
+`environment(target, runtime)` (what the run ran on): see `preflight()`. Families by folder:
+`local/` (processes on this machine, the kubelet emulator), `container/` (the plugin under
+Docker, workloads under podman), `cluster/` (anything with an API server: kind, AKS), `realnode/`
+(a real kubelet on this machine).
 """
 
 from __future__ import annotations
@@ -62,6 +65,12 @@ def module_for(name: str, runtime: str = "process") -> Any:
             f"choose one of {', '.join(target.runtimes)}"
         )
     return importlib.import_module(RUNTIME_MODULES.get(runtime, target.module))
+
+
+def preflight(name: str, runtime: str = "process") -> Any:
+    """The `preflight` module of the family implementing `name` under `runtime`."""
+    family = module_for(name, runtime).__name__
+    return importlib.import_module(family.rpartition(".")[0] + ".preflight")
 
 
 def open_target(

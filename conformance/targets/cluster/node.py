@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from conformance.contract.base import NodeBase
 from conformance.contract.node import (
     CAP_DEVICE_REMAP,
     CAP_DEVICE_VIEW,
@@ -72,7 +73,7 @@ def to_monotonic(wall: float) -> float:
     return wall - (time.time() - time.monotonic())
 
 
-class ClusterNode(GuestPods):
+class ClusterNode(GuestPods, NodeBase):
     """One node of a cluster, with the plugin deployed by the harness."""
 
     resource = RESOURCE

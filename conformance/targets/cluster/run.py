@@ -26,6 +26,7 @@ from conformance.targets.cluster.kube import KubeApi, Obj
 from conformance.targets.cluster.lifecycle import Action, CleanupIncomplete, Runbook, RunReport
 from conformance.targets.cluster.node import ClusterNode
 from conformance.targets.cluster.plan import ClusterOptions, Step
+from conformance.targets.cluster.preflight import cluster_facts
 from conformance.targets.cluster.workloads import Layout, namespace, plugin_daemonset, prepare
 
 ApiFactory = Callable[[str], KubeApi]
@@ -202,6 +203,7 @@ class ClusterLifecycle:
         )
         self.node.setup()
         self.report.environment.update(self.node.environment())
+        self.report.environment.update(cluster_facts(self.api()))  # server + every Node
         self.report.notes += self.layout.notes
         self.report.environment["capabilities"] = sorted(self.node.capabilities)
 

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from conformance.contract.node import Allocation, GuestOutcome
+from conformance.contract.plugin import flag_convention_command
+from conformance.contract.plugin import resolve as resolve_plugin
 from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.target_report import TargetReport
 from conformance.targets.container.engine import DockerEngine, EngineError
@@ -66,7 +68,11 @@ class ContainerNode(LocalNode):
     runtime = "container"
 
     def __init__(self, *, out_dir: Path, worker: str, plugin_cmd: str) -> None:
-        super().__init__(out_dir=out_dir, worker=worker, plugin_cmd=plugin_cmd)
+        super().__init__(
+            out_dir=out_dir,
+            worker=worker,
+            plugin=resolve_plugin(plugin_cmd=plugin_cmd or "", plugin_profile=""),
+        )
         # --plugin-cmd replaces the image's entrypoint; the standard flags follow it.
         self.entrypoint = shlex.split(plugin_cmd) if plugin_cmd else []
         self.engine = DockerEngine(self.ledger, what=f"hvconform worker {worker}")
@@ -110,7 +116,7 @@ class ContainerNode(LocalNode):
         self._record_plugin_evidence()
         self._negative_control()
 
-    def _start_plugin(self) -> None:
+    def _start_plugin(self, sockets: Path | None = None) -> None:
         assert self.images is not None
         args = [
             "--device-plugin-dir", str(self.plugin_dir), "--cdi-dir", str(self.dirs["cdi"]),
@@ -189,6 +195,12 @@ class ContainerNode(LocalNode):
         except (OSError, PluginContainerError):
             return False
         return status == 200
+
+    def plugin_live(self) -> bool:
+        return self._http_ok("/healthz")
+
+    def plugin_ready(self) -> bool:
+        return self._http_ok("/readyz")
 
     def _ready_or_dead(self) -> bool:
         if not self._container().running:
@@ -295,7 +307,8 @@ def open_node(
     *, out_dir: Path, worker: str, plugin: Any, metadata: object | None = None
 ) -> Iterator[ContainerNode]:
     """The registry's entry for the local target's container runtime."""
-    node = ContainerNode(out_dir=out_dir, worker=worker, plugin_cmd=plugin)
+    command = shlex.join(flag_convention_command(plugin))
+    node = ContainerNode(out_dir=out_dir, worker=worker, plugin_cmd=command)
     try:
         node.setup()
         yield node

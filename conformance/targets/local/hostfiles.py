@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conformance.contract.base import NodeBase
 from conformance.contract.ledger import Ledger
 from conformance.contract.node import Area, FileInfo, ReadStats
 from conformance.contract.wait import wait_for
@@ -138,7 +139,7 @@ SENTINELS = {
 }
 
 
-class HostFiles(LocalFiles):
+class HostFiles(LocalFiles, NodeBase):
     """Node state and operations every target on this host shares (local and real node)."""
 
     state: Path

@@ -28,6 +28,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+try:
+    from conformance.targets.local import binds
+except ImportError:  # run by file path (python -I launcher.py): load the sibling by path
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location("binds", Path(__file__).with_name("binds.py"))
+    assert _spec is not None and _spec.loader is not None
+    binds = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(binds)
+
 EXIT_SETUP, EXIT_PRIVILEGES, EXIT_NOT_FOUND = 125, 126, 127
 LAUNCHER = Path(__file__).resolve()
 
@@ -323,6 +333,13 @@ def _mknod_arg(text: str) -> NodeSpec:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def _bind_arg(text: str) -> tuple[str, str]:
+    source, sep, target = text.rpartition(":")
+    if not sep or not source.startswith("/") or not target.startswith("/"):
+        raise argparse.ArgumentTypeError(f"want SRC:DST (absolute paths), got {text!r}")
+    return source, target
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Options of the launcher; ARGV follows `--`."""
     p = argparse.ArgumentParser(
@@ -341,6 +358,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mknod", action="append", default=[], type=_mknod_arg,
                    metavar="PATH:TYPE:MAJOR:MINOR:MODE:UID:GID", help="create a node")
     # fmt: on
+    p.add_argument(
+        "--bind",
+        action="append",
+        default=[],
+        type=_bind_arg,
+        metavar="SRC:DST",
+        help="bind host dir SRC at DST in the namespace (never creating DST on the host)",
+    )
+    p.add_argument(
+        "--stage-root",
+        metavar="DIR",
+        help="shadow / onto DIR and chroot there (binds that need a new top-level dir)",
+    )
     p.add_argument("--user", type=_user, metavar="UID:GID", help="switch uid/gid, no groups")
     p.add_argument("--drop-caps", action="store_true", help="drop every capability set")
     p.add_argument("--no-new-privs", action="store_true", help="set no_new_privs")
@@ -377,12 +407,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         private_mounts(libc)
         if args.private_dev:
             private_dev(libc, args.base_devs, args.dev_node, args.mknod)
+        if args.bind or args.stage_root:
+            root = binds.apply(
+                lambda src, dst, fs, fl, data: _mount(libc, src, dst, fs, fl, data),
+                args.bind,
+                args.stage_root,
+            )
+            binds.enter_root(libc, root)
         drop_privileges(
             libc, drop_caps=args.drop_caps, no_new_privs=args.no_new_privs, user=args.user
         )
         verify(drop_caps=args.drop_caps, no_new_privs=args.no_new_privs, user=args.user)
     except LaunchError as exc:
         return _fail(args.exec_fd, exc.code, str(exc))
+    except binds.BindError as exc:
+        return _fail(args.exec_fd, EXIT_SETUP, str(exc))
     except OSError as exc:
         return _fail(args.exec_fd, EXIT_SETUP, f"setup: {exc}")
     try:

@@ -28,27 +28,29 @@ from conformance.contract.node import (
     CAP_GUEST,
     CAP_KUBELET_CRASH,
     CAP_KUBELET_RESTART,
+    CAP_LIVENESS,
     CAP_LONG_GUEST,
     CAP_PLUGIN_RESTART,
     CAP_READ_ONLY,
     CAP_READ_STORM,
+    CAP_READINESS,
     CAP_SOCKET_REDIRECT,
     Allocation,
     Area,
     GuestOutcome,
 )
+from conformance.contract.plugin import PluginUnderTest, Probe
 from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.wait import wait_for
 from conformance.guest.cdi_resolve import resolve
 from conformance.kubelet import ThreadedKubeletEmulator
+from conformance.targets.local.baseline import BaselineRestore, discover_spec
 from conformance.targets.local.hostfiles import HostFiles, device_metadata, mount, umount
 from conformance.targets.local.netns import free_index
+from conformance.targets.local.observe import Observer
 from conformance.targets.local.runtime import guest_command, run_workload, start_workload
 from conformance.targets.local.sandbox import PluginSandbox
-from plugin.api.names import HYPERVISOR_RESOURCE, SPEC_FILENAME
 
-RESOURCE = HYPERVISOR_RESOURCE
-SPEC_NAME = SPEC_FILENAME
 HEALTH_PORT = 8080
 SETUP_TIMEOUT_S = 60.0
 
@@ -64,27 +66,41 @@ def _check_environment() -> None:
         raise EnvironmentBlocked("/dev/kvm is not a character device")
 
 
-class LocalNode(HostFiles):
-    name = "local"
-    resource = RESOURCE
-    spec_name = SPEC_NAME
-    capabilities = frozenset(
-        {
-            CAP_KUBELET_RESTART,
-            CAP_KUBELET_CRASH,
-            CAP_PLUGIN_RESTART,
-            CAP_READ_ONLY,
-            CAP_DEVICE_VIEW,
-            CAP_DEVICE_REMAP,
-            CAP_SOCKET_REDIRECT,
-            CAP_GUEST,
-            CAP_LONG_GUEST,
-            CAP_READ_STORM,
-        }
-    )
+BASE_CAPABILITIES = frozenset(
+    {
+        CAP_KUBELET_RESTART,
+        CAP_KUBELET_CRASH,
+        CAP_PLUGIN_RESTART,
+        CAP_READ_ONLY,
+        CAP_DEVICE_VIEW,
+        CAP_DEVICE_REMAP,
+        CAP_SOCKET_REDIRECT,
+        CAP_GUEST,
+        CAP_LONG_GUEST,
+        CAP_READ_STORM,
+    }
+)
 
-    def __init__(self, *, out_dir: Path, worker: str, plugin_cmd: str) -> None:
-        self._init_host_node(out_dir, worker, plugin_cmd)
+
+def _capabilities(plugin: PluginUnderTest) -> frozenset[str]:
+    """What this node can do with this plugin: health only where the profile can observe it."""
+    observed = {CAP_READINESS} if plugin.readiness.observable else set()
+    observed |= {CAP_LIVENESS} if plugin.liveness.observable else set()
+    return BASE_CAPABILITIES | observed
+
+
+class LocalNode(BaselineRestore, HostFiles):
+    name = "local"
+
+    def __init__(self, *, out_dir: Path, worker: str, plugin: PluginUnderTest) -> None:
+        self._init_host_node(out_dir, worker, "")
+        self.plugin = plugin
+        self.resource = plugin.resource or ""
+        self.spec_name = plugin.cdi_spec or ""
+        self.capabilities = _capabilities(plugin)
+        self._faults: set[str] = set()
+        self.readiness = self._observer(plugin.readiness)
+        self.liveness = self._observer(plugin.liveness)
         self._mounts: list[Path] = []
         self._guests: dict[str, subprocess.Popen[bytes]] = {}
         self._guest_runs = 0
@@ -128,47 +144,59 @@ class LocalNode(HostFiles):
         self.kubelet = ThreadedKubeletEmulator(self.plugin_dir)
         self.kubelet.start()
         self._start_plugin()
+        self.resource = self.resource or wait_for(
+            self._registered_resource, SETUP_TIMEOUT_S, "the plugin's Register call at node setup"
+        )
         wait_for(self._ready_or_dead, SETUP_TIMEOUT_S, "plugin ready at node setup")
         wait_for(lambda: self.allocatable() > 0, SETUP_TIMEOUT_S, "allocatable > 0 at node setup")
-        self.baseline_spec = wait_for(
-            lambda: self.read_file("cdi", SPEC_NAME),
-            SETUP_TIMEOUT_S,
-            "the plugin's CDI spec at node setup",
+        allocation = wait_for(
+            lambda: (a := self.allocate()).ok and a, SETUP_TIMEOUT_S, "an Allocate at node setup"
         )
-        allocation = self.allocate()
-        if allocation.ok:
+        self.spec_name = self.spec_name or discover_spec(self, allocation.cdi_devices)
+        if self.spec_name:
+            self.baseline_spec = wait_for(
+                lambda: self.read_file("cdi", self.spec_name),
+                SETUP_TIMEOUT_S,
+                "the plugin's CDI spec at node setup",
+            )
+            info = self.stat("cdi", self.spec_name)
+            self.baseline_mode = info.mode if info is not None else 0
             self.session_guest = self.start_long_guest(allocation)
+        else:
+            self.release(allocation)
+            self.capabilities -= {CAP_GUEST, CAP_LONG_GUEST}
 
-    def _start_plugin(self) -> None:
-        """Start the plugin under test (a hook: the container runtime runs it differently)."""
+    def _start_plugin(self, sockets: Path | None = None) -> None:
+        """Start the plugin under test (a hook: the container runtime runs it differently).
+
+        The node's directories are bound where the profile says the plugin looks, as hostPath
+        volumes; `sockets` replaces the kubelet's plugin dir (an isolated empty one)."""
+        paths = self.plugin.paths
+        binds = [
+            (str(sockets or self.plugin_dir), paths.device_plugin_dir),
+            (str(self.dirs["cdi"]), paths.cdi_dir),
+        ]
+        if paths.host_dev_dir:
+            binds.append((str(self.dirs["host_dev"]), paths.host_dev_dir))
         self.sandbox = PluginSandbox(
-            self._plugin_argv(),
+            [],
             run_dir=self.state,
             ledger=self.ledger,
             index=_net_index(self.worker),
-            dev_nodes=("/dev/kvm",),
+            dev_nodes=paths.devices,
             log_path=self.root / "plugin.log",
             http_port=HEALTH_PORT,
+            binds=binds,
         )
-        self.sandbox.argv += ["--health-addr", self.sandbox.health_addr]
+        addr = self.sandbox.health_addr
+        self.sandbox.argv = self.plugin.argv(addr)
+        self.sandbox.env.update(self.plugin.environment(addr))
         self.sandbox.start()
 
     def _stop_plugin(self) -> None:
         """Stop the plugin and verify it is gone (the hook paired with _start_plugin)."""
         if self.sandbox is not None:
             self.sandbox.close()
-
-    def _plugin_argv(self) -> list[str]:
-        assert self.sandbox is None
-        return [
-            *self.plugin_cmd,
-            "--device-plugin-dir",
-            str(self.plugin_dir),
-            "--cdi-dir",
-            str(self.dirs["cdi"]),
-            "--host-dev-dir",
-            str(self.dirs["host_dev"]),
-        ]
 
     def teardown(self) -> None:
         for handle, proc in list(self._guests.items()):
@@ -206,14 +234,17 @@ class LocalNode(HostFiles):
             # An empty tmpfs made read-only at the superblock, then bound over the area: the
             # spec is missing and cannot be written, in every namespace that sees the area.
             staging.mkdir(exist_ok=True)
+            self._faults.add(f"read-only {area}")
             self._mount(["-t", "tmpfs", "-o", "size=1m,mode=0755", "hv-ro", str(staging)], staging)
             subprocess.run(["mount", "-o", "remount,ro", str(staging)], check=True)
             self._mount(["--bind", str(staging), str(target)], target)
         else:
+            self._faults.discard(f"read-only {area}")
             # Unmounting reveals the storage as it was (the seed restored exact bytes).
             for mp in (target, staging):
-                umount(mp)
-                self._mounts.remove(mp)
+                if mp in self._mounts:  # a half-made fault is undone as far as it got
+                    umount(mp)
+                    self._mounts.remove(mp)
 
     # -- the plugin -------------------------------------------------------------------------
 
@@ -221,23 +252,36 @@ class LocalNode(HostFiles):
         assert self.sandbox is not None
         return self.sandbox
 
-    def _http_ok(self, path: str) -> bool:
-        try:
-            status, _ = self._sandbox().http_get(path, timeout=2)
-        except OSError:
-            return False
-        return status == 200
+    def _observer(self, probe: Probe) -> Observer:
+        return Observer(
+            self.plugin,
+            probe,
+            health_addr=lambda: self._sandbox().health_addr,
+            socket=self._plugin_socket,
+            pid=lambda: self._sandbox().pid,
+        )
+
+    def _plugin_socket(self) -> Path | None:
+        ok = [r for r in self._kubelet().registrations(self.resource) if r.ok]
+        return self.plugin_dir / ok[-1].endpoint if ok else None
+
+    def _registered_resource(self) -> str | None:
+        if not self._sandbox().running:
+            raise RuntimeError(f"the plugin exited during node setup:\n{self.plugin_log_tail(20)}")
+        names = self._kubelet().registered_resources()
+        return names[0] if names else None
 
     def plugin_live(self) -> bool:
-        return self._http_ok("/healthz")
+        return self.liveness()
 
     def plugin_ready(self) -> bool:
-        return self._http_ok("/readyz")
+        return self.readiness()
 
     def _ready_or_dead(self) -> bool:
         if not self._sandbox().running:
             raise RuntimeError(f"the plugin exited during node setup:\n{self.plugin_log_tail(20)}")
-        return self.plugin_ready()
+        # Without an observable readiness, the kubelet's view is the readiness.
+        return self.plugin_ready() if self.readiness.observable else self.allocatable() > 0
 
     def plugin_instance(self) -> str:
         return str(self._sandbox().pid)
@@ -256,12 +300,29 @@ class LocalNode(HostFiles):
         )
 
     def redirect_plugin_sockets(self, empty: bool) -> None:
+        target = self.plugin.paths.device_plugin_dir
         if empty:
             hole = self.state / "empty-sockets"
             hole.mkdir(exist_ok=True)
-            self._sandbox().bind_mount(hole, self.plugin_dir)
+            self._faults.add("sockets")  # first: a half-made fault is still undone
+            self._sandbox().bind_mount(hole, target)
         else:
-            self._sandbox().umount(self.plugin_dir, lazy=True)
+            self._sandbox().umount(target, lazy=True)
+            self._faults.discard("sockets")
+
+    def start_plugin_isolated(self) -> None:
+        """Replace the plugin by one started into an isolated, empty socket directory."""
+        hole = self.state / "isolated-sockets"
+        hole.mkdir(exist_ok=True)
+        self._faults.add("isolated")
+        self._stop_plugin()
+        self._start_plugin(sockets=hole)
+
+    def restore_plugin_sockets(self) -> None:
+        """Give the isolated plugin the kubelet's directory back, where it looks for it."""
+        self._sandbox().bind_mount(self.plugin_dir, self.plugin.paths.device_plugin_dir)
+        # "isolated" stays a fault: this sandbox would restart into the empty dir, so the
+        # restore after the check replaces it by one started normally.
 
     def remap_device_unusable(self, unusable: bool) -> None:
         kvm = os.stat("/dev/kvm").st_rdev
@@ -269,11 +330,33 @@ class LocalNode(HostFiles):
             null = self.state / "null-at-kvm"
             if not null.exists():
                 os.mknod(null, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+            self._faults.add("remap")
             self._sandbox().bind_mount(null, Path("/dev/kvm"))
             self.replace_char_device("host_dev", "kvm", 1, 3)  # identity made to match
         else:
             self._sandbox().umount(Path("/dev/kvm"))
             self.replace_char_device("host_dev", "kvm", os.major(kvm), os.minor(kvm))
+            self._faults.discard("remap")
+
+    def set_device_present(self, present: bool) -> None:
+        """Remove the hypervisor node from where the plugin looks, or put it back: its host-dev
+        view when it has one, else its own /dev (as a device unplugged from the host)."""
+        if self.plugin.paths.host_dev_dir:
+            super().set_device_present(present)
+        else:
+            kvm = self.dirs["host_dev"] / "kvm"  # the mknod copy, same numbers as /dev/kvm
+            inside = self._sandbox().ns_path("/dev/kvm")
+            if present:
+                self._sandbox().in_plugin_ns(["touch", inside])
+                self._sandbox().bind_mount(kvm, "/dev/kvm")
+            else:
+                self._faults.add("device")
+                self._sandbox().umount("/dev/kvm")
+                self._sandbox().in_plugin_ns(["rm", "-f", inside])
+        if present:
+            self._faults.discard("device")
+        else:
+            self._faults.add("device")
 
     # -- the kubelet ------------------------------------------------------------------------
 
@@ -291,19 +374,19 @@ class LocalNode(HostFiles):
         return started
 
     def last_registration_at(self) -> float | None:
-        ok = [r.t for r in self._kubelet().registrations(RESOURCE) if r.ok]
+        ok = [r.t for r in self._kubelet().registrations(self.resource) if r.ok]
         return max(ok) if ok else None
 
     def capacity(self) -> int:
-        return self._kubelet().capacity(RESOURCE)
+        return self._kubelet().capacity(self.resource)
 
     def allocatable(self) -> int:
-        return self._kubelet().allocatable(RESOURCE)
+        return self._kubelet().allocatable(self.resource)
 
     # -- workloads ------------------------------------------------------------------------
 
     def allocate(self) -> Allocation:
-        outcome = self._kubelet().allocate(RESOURCE, 1)
+        outcome = self._kubelet().allocate(self.resource, 1)
         response = outcome.response
         allocation = Allocation(
             ok=outcome.ok,
@@ -387,10 +470,10 @@ def _net_index(worker: str) -> int:
 
 @contextlib.contextmanager
 def open_node(
-    *, out_dir: Path, worker: str, plugin: Any, metadata: object | None = None
+    *, out_dir: Path, worker: str, plugin: PluginUnderTest, metadata: object | None = None
 ) -> Iterator[LocalNode]:
     """The registry's entry: a local node for one worker, always torn down."""
-    node = LocalNode(out_dir=out_dir, worker=worker, plugin_cmd=plugin)
+    node = LocalNode(out_dir=out_dir, worker=worker, plugin=plugin)
     try:
         node.setup()
         yield node

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 
 from conformance.contract.ledger import Ledger
+from conformance.targets.local import binds as binds_mod
 from conformance.targets.local import launcher
 from conformance.targets.local.netns import NetNamespace
 from conformance.targets.local.procs import (
@@ -34,6 +35,9 @@ from conformance.targets.local.procs import (
 )
 
 LAUNCHER = launcher.LAUNCHER
+# Where the root is staged when a bind needs a new top-level directory: an existing directory
+# that the namespace may cover (covering it there hides nothing the plugin needs).
+_STAGES = ("/mnt", "/media", "/srv")
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -56,6 +60,7 @@ class PluginSandbox:
         log_path: Path,
         http_port: int = 8080,
         python: str = sys.executable,
+        binds: Sequence[tuple[str, str]] = (),
     ) -> None:
         if not run_dir.is_dir():
             raise SandboxError(f"run_dir {run_dir} is not a directory")
@@ -68,6 +73,14 @@ class PluginSandbox:
         self.log_path = log_path
         self.http_port = http_port
         self.python = python
+        # Host dirs bound at the paths the plugin expects (hostPath volumes); a new top-level
+        # directory needs the root staged (binds.py), and the harness then adds the prefix.
+        self.binds = [(str(src), dst) for src, dst in binds]
+        stages = [d for d in _STAGES if Path(d).is_dir() and not Path(d).is_symlink()]
+        needs = binds_mod.needs_new_root([dst for _, dst in self.binds])
+        if needs and not stages:
+            raise SandboxError(f"no staging directory among {', '.join(_STAGES)} for new paths")
+        self.stage_root: str | None = stages[0] if needs else None
         self.netns_name = f"hvsbx{index}-{os.getpid()}"
         self.ns_addr = f"10.231.{index}.2"
         self.host_addr = f"10.231.{index}.1"
@@ -99,8 +112,17 @@ class PluginSandbox:
         handshake = [] if exec_fd is None else [f"--exec-fd={exec_fd}"]
         return [
             self.python, "-I", str(LAUNCHER), "--netns", self.netns_name, "--private-dev",
-            *nodes, "--drop-caps", "--no-new-privs", *handshake, "--", *self.argv,
+            *nodes, *self._bind_args(), "--drop-caps", "--no-new-privs", *handshake, "--",
+            *self.argv,
         ]  # fmt: skip
+
+    def _bind_args(self) -> list[str]:
+        args = [arg for src, dst in self.binds for arg in ("--bind", f"{src}:{dst}")]
+        return args + (["--stage-root", self.stage_root] if self.stage_root else [])
+
+    def ns_path(self, path: str | os.PathLike[str]) -> str:
+        """Where a path of the plugin's own view is, for a process entering its mount ns."""
+        return binds_mod.ns_path(self.stage_root or "/", os.fspath(path))
 
     def start(self) -> int:
         """Create the network namespace (once) and launch the plugin; returns its pid."""
@@ -191,14 +213,16 @@ class PluginSandbox:
 
     def bind_mount(self, src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
         """Bind `src` over `dst` in the plugin's mount namespace only; verified there."""
-        src, dst = os.fspath(src), os.fspath(dst)
-        before = self.plugin_mounts().count(dst)
+        # mountinfo names mount points as the plugin sees them (below its root); the mount
+        # command, run from the namespace's own root, needs the staged prefix.
+        src, view, dst = os.fspath(src), os.fspath(dst), self.ns_path(dst)
+        before = self.plugin_mounts().count(view)
         self.ledger.record("mount", dst, "plugin-ns")
         res = self.in_plugin_ns(["mount", "--bind", src, dst])
         if res.returncode != 0:
             raise SandboxError(f"bind {src} on {dst} in plugin ns: {res.stderr.strip()}")
-        if self.plugin_mounts().count(dst) != before + 1:
-            raise SandboxError(f"bind {src} on {dst}: not in /proc/{self.pid}/mountinfo")
+        if self.plugin_mounts().count(view) != before + 1:
+            raise SandboxError(f"bind {src} on {view}: not in /proc/{self.pid}/mountinfo")
 
     def umount(self, dst: str | os.PathLike[str], *, lazy: bool = False) -> None:
         """Undo the topmost mount on `dst` in the plugin's mount namespace; verified there.
@@ -206,13 +230,13 @@ class PluginSandbox:
         `lazy` detaches a mount the plugin still holds (a socket bound in it), as a runtime
         tearing down a volume would.
         """
-        dst = os.fspath(dst)
-        before = self.plugin_mounts().count(dst)
+        view, dst = os.fspath(dst), self.ns_path(dst)
+        before = self.plugin_mounts().count(view)
         res = self.in_plugin_ns(["umount", *(["-l"] if lazy else []), dst])
         if res.returncode != 0:
             raise SandboxError(f"umount {dst} in plugin ns: {res.stderr.strip()}")
-        if self.plugin_mounts().count(dst) != before - 1:
-            raise SandboxError(f"umount {dst}: still in /proc/{self.pid}/mountinfo")
+        if self.plugin_mounts().count(view) != before - 1:
+            raise SandboxError(f"umount {view}: still in /proc/{self.pid}/mountinfo")
 
     def effective_caps(self) -> dict[str, int]:
         """Capability sets and NoNewPrivs of the plugin, from /proc/<pid>/status."""

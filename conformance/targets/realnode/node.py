@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -37,6 +38,7 @@ from conformance.contract.node import (
     Area,
     GuestOutcome,
 )
+from conformance.contract.plugin import flag_convention_command
 from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.wait import wait_for
 from conformance.targets.local.hostfiles import HostFiles, device_metadata, mount, umount
@@ -351,7 +353,8 @@ def open_node(
     *, out_dir: Path, worker: str, plugin: Any, metadata: object | None = None
 ) -> Iterator[RealNode]:
     """The registry's entry: the plugin on the real kubelet of `nox -s node-up`."""
-    node = RealNode(out_dir=out_dir, worker=worker, plugin_cmd=plugin)
+    command = shlex.join(flag_convention_command(plugin))
+    node = RealNode(out_dir=out_dir, worker=worker, plugin_cmd=command)
     try:
         node.setup()
         yield node

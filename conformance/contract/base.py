@@ -1,0 +1,56 @@
+"""Defaults every target inherits: what a target cannot do answers not_applicable, never passes.
+
+Operations built from a target's file primitives (the device view) are written once here; a
+target overrides them where it has a better way (the local node reaches into the plugin's own
+mount namespace).
+"""
+
+from __future__ import annotations
+
+from conformance.contract.node import Area, FileInfo
+from conformance.contract.results import NotApplicable
+
+DEVICE = "kvm"  # the hypervisor node's name in a host-device view
+
+
+class NodeBase:
+    """Mixin for Node implementations; see conformance.contract.node.Node for the contract."""
+
+    name: str
+    _device_info: FileInfo | None = None
+
+    # Primitives the defaults are built on; each target implements them.
+    def stat(self, area: Area, name: str) -> FileInfo | None:
+        raise NotApplicable(f"target '{self.name}' cannot inspect its {area} area")
+
+    def remove(self, area: Area, name: str) -> None:
+        raise NotApplicable(f"target '{self.name}' cannot change its {area} area")
+
+    def make_char_device(self, area: Area, name: str, major: int, minor: int) -> None:
+        raise NotApplicable(f"target '{self.name}' cannot make device nodes")
+
+    def set_device_present(self, present: bool) -> None:
+        """Take the hypervisor node out of the host-device view, or put it back as it was."""
+        if not present:
+            info = self.stat("host_dev", DEVICE)
+            if info is None or info.kind != "char":
+                raise AssertionError(f"the host view has no {DEVICE} character device")
+            self._device_info = info
+            self.remove("host_dev", DEVICE)
+            return
+        info = self._device_info
+        if info is not None and self.stat("host_dev", DEVICE) is None:
+            self.make_char_device("host_dev", DEVICE, info.rdev_major, info.rdev_minor)
+
+    def start_plugin_isolated(self) -> None:
+        raise NotApplicable(f"target '{self.name}' cannot start the plugin in an isolated dir")
+
+    def restore_plugin_sockets(self) -> None:
+        raise NotApplicable(f"target '{self.name}' cannot start the plugin in an isolated dir")
+
+    def restore_baseline(self) -> list[str]:
+        """Put the node back as it was before the last check; what could not be restored.
+
+        The default verifies nothing: a target without a way to restore answers that it kept
+        nothing to restore (its checks clean up after themselves)."""
+        return []

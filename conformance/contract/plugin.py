@@ -1,0 +1,306 @@
+"""The plugin under test, described once and shared by every target (csi-test's TestConfig).
+
+A profile says how to start a plugin (argv run as is: nothing is appended), where it expects the
+kubelet's plugin directory, the CDI directory, its hypervisor devices and optionally a host-device
+view (defaults: the Kubernetes and CDI standard paths), and how its readiness and liveness can
+be observed. What the plugin does not declare is discovered from the plugin itself: its resource
+name and socket from its Register call, its CDI device names from Allocate answers, its spec
+file from the CDI directory. `hvconform run --plugin-profile FILE` loads one; `--plugin-cmd`
+derives one for this repository's flag convention; without either, the shipped profile of this
+repository's plugin is used, through exactly the same path.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+import yaml
+
+from conformance.contract.results import NotApplicable
+from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
+
+ProbeType = Literal["http", "grpc-health", "exec", "none"]
+PROBE_TYPES: tuple[str, ...] = ("http", "grpc-health", "exec", "none")
+HYPERVISOR_DEVICES = ("/dev/kvm", "/dev/mshv")
+SHIPPED = Path(__file__).resolve().parent.parent / "profiles" / "hv-device-plugin.yaml"
+# Placeholders a command, an env value or a probe may use; each is filled by the target.
+PLACEHOLDERS = ("python", "profile_dir", "health_addr", "health_host", "health_port")
+_MAX_PROFILE_BYTES = 64 * 1024
+_TOP_KEYS = {"name", "command", "env", "paths", "readiness", "liveness", "resource", "cdi", "image"}
+_PATH_KEYS = {"devicePluginDir", "cdiDir", "devices", "hostDevDir"}
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used; the message is one line naming the file and the key."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """How one health condition is observed."""
+
+    type: ProbeType = "none"
+    url: str = ""  # http: a URL template, e.g. http://{health_addr}/readyz
+    service: str = ""  # grpc-health: the service name asked on the plugin's own socket
+    command: tuple[str, ...] = ()  # exec: run in the plugin's namespaces, exit 0 = healthy
+
+    @property
+    def observable(self) -> bool:
+        return self.type != "none"
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where the plugin looks, as its DaemonSet's hostPath volumes would give them."""
+
+    device_plugin_dir: str = DEVICE_PLUGIN_DIR
+    cdi_dir: str = CDI_DYNAMIC_DIR
+    devices: tuple[str, ...] = ("/dev/kvm",)
+    host_dev_dir: str | None = None  # a view of the host's /dev, if the plugin reads one
+
+
+@dataclass(frozen=True)
+class PluginUnderTest:
+    name: str
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    paths: Paths = field(default_factory=Paths)
+    readiness: Probe = field(default_factory=Probe)
+    liveness: Probe = field(default_factory=Probe)
+    resource: str | None = None  # discovered from Register when None
+    cdi_kind: str | None = None  # discovered from Allocate answers when None
+    cdi_spec: str | None = None  # discovered from the CDI directory when None
+    image: str | None = None  # for container and cluster targets
+    source: str = ""  # where the description came from (a file, --plugin-cmd)
+    profile_dir: str = "."
+    base_command: tuple[str, ...] = ()  # --plugin-cmd as given, before the flags were added
+
+    @property
+    def uses_health_addr(self) -> bool:
+        """True when anything refers to {health_addr}: the target must give the plugin one."""
+        texts = [*self.command, *self.env.values(), self.readiness.url, self.liveness.url]
+        return any("{health_" in t for t in texts)
+
+    def fill(self, text: str, health_addr: str = "") -> str:
+        host, _, port = health_addr.rpartition(":")
+        values = {
+            "python": sys.executable,
+            "profile_dir": self.profile_dir,
+            "health_addr": health_addr,
+            "health_host": host,
+            "health_port": port,
+        }
+        out = text
+        for key, value in values.items():
+            out = out.replace("{" + key + "}", value)
+        return out
+
+    def argv(self, health_addr: str = "") -> list[str]:
+        return [self.fill(a, health_addr) for a in self.command]
+
+    def environment(self, health_addr: str = "") -> dict[str, str]:
+        return {k: self.fill(v, health_addr) for k, v in self.env.items()}
+
+    def with_env(self, **extra: str) -> PluginUnderTest:
+        return replace(self, env={**self.env, **extra})
+
+    def summary(self) -> dict[str, Any]:
+        """What results.json records about the plugin under test."""
+        return {
+            "name": self.name,
+            "source": self.source,
+            "command": shlex.join(self.command),
+            "paths": {
+                "devicePluginDir": self.paths.device_plugin_dir,
+                "cdiDir": self.paths.cdi_dir,
+                "devices": list(self.paths.devices),
+                "hostDevDir": self.paths.host_dev_dir,
+            },
+            "readiness": self.readiness.type,
+            "liveness": self.liveness.type,
+        }
+
+
+def from_plugin_cmd(cmd: str) -> PluginUnderTest:
+    """A plugin that speaks this repository's flags: the standard paths passed as flags, a
+    host-device view at /host-dev and HTTP health, as this repository's DaemonSet runs it."""
+    try:
+        base = shlex.split(cmd)
+    except ValueError as exc:
+        raise ProfileError(f"--plugin-cmd: {exc}") from None
+    if not base:
+        raise ProfileError("--plugin-cmd is empty")
+    paths = Paths(host_dev_dir="/host-dev")
+    argv = (
+        *base,
+        *("--device-plugin-dir", paths.device_plugin_dir, "--cdi-dir", paths.cdi_dir),
+        *("--host-dev-dir", "/host-dev", "--health-addr", "{health_addr}"),
+    )
+    return PluginUnderTest(
+        name=PurePosixPath(base[0]).name if len(base) == 1 else shlex.join(base[:3]),
+        command=argv,
+        paths=paths,
+        readiness=Probe("http", url="http://{health_addr}/readyz"),
+        liveness=Probe("http", url="http://{health_addr}/healthz"),
+        source=f"--plugin-cmd {cmd}",
+        base_command=tuple(base),
+    )
+
+
+def load_profile(path: Path | str) -> PluginUnderTest:
+    """Read and validate a profile file; ProfileError (one line) for anything unusable."""
+    where = str(path)
+    try:
+        raw = Path(path).read_bytes()[: _MAX_PROFILE_BYTES + 1]
+    except OSError as exc:
+        raise ProfileError(f"{where}: cannot read: {exc.strerror}") from None
+    if len(raw) > _MAX_PROFILE_BYTES:
+        raise ProfileError(f"{where}: larger than {_MAX_PROFILE_BYTES} bytes")
+    try:
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ProfileError(f"{where}: not a YAML profile: {first}") from None
+    return parse_profile(data, where, Path(path).resolve().parent)
+
+
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise ProfileError(f"{where}: want a non-empty string, got {value!r:.60}")
+    return value
+
+
+def _abs(value: Any, where: str) -> str:
+    text = _str(value, where)
+    p = PurePosixPath(text)
+    if not p.is_absolute() or ".." in p.parts or str(p) != text.rstrip("/") or text == "/":
+        raise ProfileError(f"{where}: want a normalised absolute path, got {text!r:.80}")
+    return text
+
+
+def _probe(value: Any, where: str) -> Probe:
+    if value is None or value == "none":
+        return Probe()
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: want a mapping with 'type', got {value!r:.60}")
+    kind = value.get("type")
+    if kind not in PROBE_TYPES:
+        raise ProfileError(f"{where}.type: want one of {', '.join(PROBE_TYPES)}, got {kind!r}")
+    allowed = {"http": {"url"}, "grpc-health": {"service"}, "exec": {"command"}, "none": set()}
+    extra = set(value) - {"type"} - allowed[kind]
+    if extra:
+        raise ProfileError(f"{where}: unknown key(s) for type {kind}: {', '.join(sorted(extra))}")
+    if kind == "http":
+        url = _str(value.get("url"), f"{where}.url")
+        if not url.startswith("http://"):
+            raise ProfileError(f"{where}.url: want an http:// URL template, got {url!r:.80}")
+        return Probe("http", url=url)
+    if kind == "grpc-health":
+        service = value.get("service", "")
+        if not isinstance(service, str):
+            raise ProfileError(f"{where}.service: want a string, got {service!r:.60}")
+        return Probe("grpc-health", service=service)
+    if kind == "exec":
+        return Probe("exec", command=_argv(value.get("command"), f"{where}.command"))
+    return Probe()
+
+
+def _argv(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise ProfileError(f"{where}: want a non-empty list of strings (argv, run as is)")
+    return tuple(_str(v, f"{where}[{i}]") for i, v in enumerate(value))
+
+
+def _paths(value: Any, where: str) -> Paths:
+    if value is None:
+        return Paths()
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: want a mapping")
+    unknown = set(value) - _PATH_KEYS
+    if unknown:
+        raise ProfileError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    devices = value.get("devices", ["/dev/kvm"])
+    if not isinstance(devices, list) or not devices:
+        raise ProfileError(f"{where}.devices: want a non-empty list")
+    for i, dev in enumerate(devices):
+        if dev not in HYPERVISOR_DEVICES:
+            raise ProfileError(
+                f"{where}.devices[{i}]: only {' and '.join(HYPERVISOR_DEVICES)} are accepted, "
+                f"got {dev!r:.60}"
+            )
+    host_dev = value.get("hostDevDir")
+    paths = Paths(
+        device_plugin_dir=_abs(
+            value.get("devicePluginDir", DEVICE_PLUGIN_DIR), f"{where}.devicePluginDir"
+        ),
+        cdi_dir=_abs(value.get("cdiDir", CDI_DYNAMIC_DIR), f"{where}.cdiDir"),
+        devices=tuple(devices),
+        host_dev_dir=None if host_dev is None else _abs(host_dev, f"{where}.hostDevDir"),
+    )
+    dirs = [paths.device_plugin_dir, paths.cdi_dir, *([host_dev] if host_dev else [])]
+    if len(set(dirs)) != len(dirs):
+        raise ProfileError(f"{where}: the plugin, CDI and host-device directories must differ")
+    if any(d == "/dev" or d.startswith("/dev/") for d in dirs):
+        raise ProfileError(f"{where}: a directory under /dev would hide the plugin's devices")
+    return paths
+
+
+def parse_profile(data: Any, where: str, profile_dir: Path) -> PluginUnderTest:
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where}: want a mapping at the top level")
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise ProfileError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    env = data.get("env") or {}
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and k and isinstance(v, str) and "\x00" not in v for k, v in env.items()
+    ):
+        raise ProfileError(f"{where}.env: want a mapping of names to strings")
+    cdi = data.get("cdi") or {}
+    if not isinstance(cdi, dict) or set(cdi) - {"kind", "spec"}:
+        raise ProfileError(f"{where}.cdi: want a mapping with 'kind' and/or 'spec'")
+    spec = cdi.get("spec")
+    if spec is not None and ("/" in _str(spec, f"{where}.cdi.spec") or spec in (".", "..")):
+        raise ProfileError(f"{where}.cdi.spec: want a file name in the CDI directory")
+    resource = data.get("resource")
+    return PluginUnderTest(
+        name=_str(data.get("name", profile_dir.name), f"{where}.name"),
+        command=_argv(data.get("command"), f"{where}.command"),
+        env=dict(env),
+        paths=_paths(data.get("paths"), f"{where}.paths"),
+        readiness=_probe(data.get("readiness"), f"{where}.readiness"),
+        liveness=_probe(data.get("liveness"), f"{where}.liveness"),
+        resource=None if resource is None else _str(resource, f"{where}.resource"),
+        cdi_kind=None if cdi.get("kind") is None else _str(cdi["kind"], f"{where}.cdi.kind"),
+        cdi_spec=spec,
+        image=None if data.get("image") is None else _str(data["image"], f"{where}.image"),
+        source=where,
+        profile_dir=str(profile_dir),
+    )
+
+
+def flag_convention_command(plugin: PluginUnderTest) -> list[str]:
+    """The command of a plugin that takes this repository's directory flags (the container and
+    real-node targets still append them); empty for the shipped profile (the target's default).
+    A fixed-path plugin cannot run there yet: NotApplicable says so."""
+    if plugin.base_command:
+        return list(plugin.base_command)
+    if Path(plugin.source) == SHIPPED:
+        return []
+    raise NotApplicable(
+        f"plugin {plugin.name!r} (from {plugin.source}) runs with fixed paths; this target "
+        "passes directory flags (use --target local, or --plugin-cmd for a flag-driven plugin)"
+    )
+
+
+def resolve(plugin_profile: str = "", plugin_cmd: str = "") -> PluginUnderTest:
+    """The plugin under test from the run's options: a profile file, a command, or ours."""
+    if plugin_profile and plugin_cmd:
+        raise ProfileError("--plugin-profile and --plugin-cmd are exclusive: give one")
+    if plugin_cmd:
+        return from_plugin_cmd(plugin_cmd)
+    return load_profile(plugin_profile or SHIPPED)

@@ -1,0 +1,95 @@
+"""pytest glue for preconditions: the target's needs checked once, before the first check.
+
+Loaded by `conformance.suite.pytest_plugin` (its `pytest_plugins`). The run's controller (or the
+single process without xdist) asks the target family's `preflight` module for its requirements
+at configure time, before any worker or node exists, and evaluates every one. When one is unmet,
+its one line travels to the workers in BLOCKED_ENV (they inherit the controller's environment),
+every collected check is skipped as `environment_blocked: <line>` before its node fixture is
+set up (so nothing runs and nothing is reported failed), the line is printed once at the end, and
+the run exits EXIT_ENVIRONMENT_BLOCKED. Every finding, met or not, goes to results.json
+(`environment.preconditions`).
+
+PYTEST_DONT_REWRITE: no asserts here, and pytest_plugin imports this module before pytest loads
+it as a plugin (pytest would warn that it cannot rewrite it).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from conformance.contract.preconditions import (
+    BLOCKED_ENV,
+    EXIT_ENVIRONMENT_BLOCKED,
+    Finding,
+    evaluate,
+    first_unmet,
+)
+from conformance.contract.results import Status
+from conformance.targets import UnknownTarget, preflight
+
+_FINDINGS: list[Finding] = []  # the controller's, for the environment
+
+
+def blocked_line() -> str:
+    """The unmet precondition's line, or '' (in the controller and in every worker)."""
+    return os.environ.get(BLOCKED_ENV, "")
+
+
+def check(target: str, runtime: str) -> Finding | None:
+    """Evaluate the target's preconditions (controller only); the first unmet one, or None."""
+    os.environ.pop(BLOCKED_ENV, None)  # a previous run in this process decided nothing here
+    _FINDINGS.clear()
+    try:
+        family = preflight(target, runtime)
+    except (UnknownTarget, ModuleNotFoundError):
+        return None  # no hooks: the target's own setup reports what it lacks
+    _FINDINGS.extend(evaluate(family.preconditions(target, runtime)))
+    unmet = first_unmet(_FINDINGS)
+    if unmet is not None:
+        os.environ[BLOCKED_ENV] = unmet.line()
+    return unmet
+
+
+def findings() -> list[dict[str, Any]]:
+    return [f.to_json() for f in _FINDINGS]
+
+
+def nothing_created() -> tuple[str, str]:
+    """Status and reason of the cleanup check when no node existed."""
+    line = blocked_line()
+    if line:
+        return Status.ENVIRONMENT_BLOCKED.value, line
+    return Status.SKIPPED.value, "no ledger entries: no node was created"
+
+
+@pytest.hookimpl(trylast=True)  # after pytest_plugin's configure made the run directory
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return
+    check(config.getoption("--target"), config.getoption("--runtime"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    line = blocked_line()
+    if not line:
+        return
+    mark = pytest.mark.skip(reason=f"{Status.ENVIRONMENT_BLOCKED.value}: {line}")
+    for item in items:
+        item.add_marker(mark)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest_plugin writes results.json with the exit code
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput") or not blocked_line():
+        return
+    if session.exitstatus == pytest.ExitCode.OK:  # every check skipped as blocked: never a pass
+        session.exitstatus = EXIT_ENVIRONMENT_BLOCKED
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    line = blocked_line()
+    if line and not hasattr(config, "workerinput"):
+        terminalreporter.write_line(f"hvconform: environment blocked, no check ran: {line}")

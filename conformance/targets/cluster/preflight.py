@@ -1,0 +1,113 @@
+"""The cluster family's hooks for the suite: kind and AKS preconditions, the tools' versions,
+and what the cluster itself ran (server version and every Node's kubelet, container runtime,
+OS image and kernel, from the Node objects).
+
+The suite talks to the API server with its own client and renders the manifests with helm, so
+those are what a cluster run needs on this machine: kind and a Docker engine that answers for
+KIND, az for AKS, helm for both. kubectl is not used; its version is recorded when present.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from conformance.contract.preconditions import Found, Requirement, ask, tool, version_of
+from conformance.manifests.chart import ChartError, helm_binary
+from conformance.targets.cluster.kube import ApiError, KubeApi
+
+KIND_MINIMUM = "0.20"  # kindest/node images for Kubernetes 1.31+
+AZ_MINIMUM = "2.50"  # az aks nodepool add --node-taints/--labels as the plan uses them
+
+
+def _helm() -> Requirement:
+    def probe() -> Found:
+        try:
+            binary = helm_binary()
+        except ChartError as exc:
+            return Found(f"missing ({exc})", False, "helm_binary()")
+        line, shown = ask([binary, "version", "--short"])
+        return Found(line or "unusable", line is not None, shown)
+
+    return Requirement(
+        "helm",
+        "the plugin's manifests are the chart's render",
+        "a working helm (v4)",
+        "nox -s conformance-kind / conformance-aks build it, or set HV_HELM",
+        probe,
+    )
+
+
+def _docker_engine() -> Requirement:
+    return tool(
+        "Docker engine",
+        ["docker", "version", "--format", "{{.Server.Version}}"],
+        minimum="20.10",
+        feature="kind's nodes are containers of this engine",
+        fix="start the Docker engine (systemctl start docker) or install docker.io",
+    )
+
+
+def preconditions(target: str, runtime: str = "process") -> list[Requirement]:
+    del runtime
+    if target == "aks":
+        az = tool(
+            "az",
+            ["az", "version", "--output", "tsv", "--query", '"azure-cli"'],
+            minimum=AZ_MINIMUM,
+            feature="adding and deleting the temporary AKS node pool",
+            fix="install the Azure CLI (apt-get install azure-cli) and az login",
+        )
+        return [az, _helm()]
+    kind = tool(
+        "kind",
+        ["kind", "version"],
+        minimum=KIND_MINIMUM,
+        feature="creating and deleting the throwaway cluster",
+        fix="go install sigs.k8s.io/kind@latest (then put $(go env GOPATH)/bin on PATH)",
+        pattern=r"kind v?(\S+)",
+    )
+    return [_docker_engine(), kind, _helm()]
+
+
+def environment(target: str, runtime: str = "process") -> dict[str, Any]:
+    """The local tools a cluster run used."""
+    del runtime
+    tools = {"kubectl": version_of(["kubectl", "version", "--client"], r"Client Version: (\S+)")}
+    if target == "aks":
+        tools["az"] = version_of(["az", "version", "--output", "tsv", "--query", '"azure-cli"'])
+    else:
+        tools["kind"] = version_of(["kind", "version"], r"kind v?(\S+)")
+        tools["docker engine"] = version_of(
+            ["docker", "version", "--format", "{{.Server.Version}}"]
+        )
+    return {"components": tools}
+
+
+def cluster_facts(api: KubeApi) -> dict[str, Any]:
+    """Server version and every Node's versions, as the API server reports them."""
+    facts: dict[str, Any] = {}
+    try:
+        _, data = api.request("GET", "/version")
+        version = json.loads(data or b"{}")
+        facts["server_version"] = str(version.get("gitVersion", "unknown"))
+    except (ApiError, ValueError) as exc:
+        facts["server_version"] = f"unavailable ({exc})"
+    try:
+        nodes = api.list_objects("v1", "Node")
+    except ApiError as exc:
+        facts["nodes"] = []
+        facts["nodes_error"] = str(exc)
+        return facts
+    facts["nodes"] = [
+        {
+            "name": str(n.get("metadata", {}).get("name", "")),
+            "kubelet": str(info.get("kubeletVersion", "")),
+            "container_runtime": str(info.get("containerRuntimeVersion", "")),
+            "os_image": str(info.get("osImage", "")),
+            "kernel": str(info.get("kernelVersion", "")),
+        }
+        for n in nodes
+        for info in [n.get("status", {}).get("nodeInfo", {})]
+    ]
+    return facts

@@ -1,0 +1,106 @@
+"""The container runtime's hooks for the suite (`--runtime container` of the local target).
+
+On top of the local target's needs: the Docker engine the plugin container runs under (a
+private dockerd the harness starts, with its containerd; or HV_DOCKER_HOST's, which must answer),
+podman with CDI `--device` support for the workloads, on crun (runc cannot run on this cgroup
+layout), debootstrap for the offline image base, and a cgroup hierarchy for podman's cgroupfs
+manager. Versions in the environment are asked from the programs themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from conformance.contract import hostfacts
+from conformance.contract.preconditions import Found, Requirement, tool, version_of
+from conformance.targets.container.engine import ping
+from conformance.targets.local.preflight import local_requirements
+
+BOOTSTRAP_FIX = "scripts/bootstrap (apt-get install docker.io podman crun debootstrap)"
+DOCKERD_PATTERN = r"Docker version ([^\s,]+)"
+
+
+def _external_engine(host: str) -> Requirement:
+    def probe() -> Found:
+        return Found("answering" if ping(host) else "not answering", ping(host), host)
+
+    return Requirement(
+        "Docker engine",
+        "the plugin container (HV_DOCKER_HOST)",
+        f"an engine answering at {host}",
+        "start that engine or unset HV_DOCKER_HOST (a private dockerd is started then)",
+        probe,
+    )
+
+
+def _engine_requirements() -> list[Requirement]:
+    external = os.environ.get("HV_DOCKER_HOST", "")
+    if external:
+        return [_external_engine(external)]
+    return [
+        tool(
+            "Docker engine (dockerd)",
+            ["dockerd", "--version"],
+            minimum="20.10",
+            feature="the plugin container, under a private engine the harness starts",
+            fix=BOOTSTRAP_FIX,
+            pattern=DOCKERD_PATTERN,
+        ),
+        tool(
+            "containerd",
+            ["containerd", "--version"],
+            minimum="1.6",
+            feature="the private dockerd's container supervisor",
+            fix=BOOTSTRAP_FIX,
+            pattern=r"containerd\s+\S+\s+v?(\S+)",
+        ),
+    ]
+
+
+def preconditions(target: str = "local", runtime: str = "container") -> list[Requirement]:
+    del target, runtime
+    return [
+        *local_requirements(workloads=False),  # workloads run under podman
+        *_engine_requirements(),
+        tool(
+            "podman",
+            ["podman", "--version"],
+            minimum="4.1",
+            feature="workloads get the device through CDI (podman run --device NAME)",
+            fix=BOOTSTRAP_FIX,
+        ),
+        tool(
+            "crun",
+            ["crun", "--version"],
+            minimum="1.0",
+            feature="podman's OCI runtime for the workloads",
+            fix=BOOTSTRAP_FIX,
+        ),
+        tool(
+            "debootstrap",
+            ["debootstrap", "--version"],
+            minimum="1.0",
+            feature="the images' base, built offline from Debian's mirror",
+            fix=BOOTSTRAP_FIX,
+        ),
+        hostfacts.cgroups("podman's cgroupfs manager", ("memory", "pids")),
+    ]
+
+
+def environment(target: str = "local", runtime: str = "container") -> dict[str, Any]:
+    del target, runtime
+    external = os.environ.get("HV_DOCKER_HOST", "")
+    engine = (
+        {"version": "external", "command": f"HV_DOCKER_HOST={external}"}
+        if external
+        else version_of(["dockerd", "--version"], DOCKERD_PATTERN)
+    )
+    return {
+        "components": {
+            "docker engine": engine,
+            "podman": version_of(["podman", "--version"]),
+            "crun": version_of(["crun", "--version"]),
+            "containerd": version_of(["containerd", "--version"], r"containerd\s+\S+\s+v?(\S+)"),
+        }
+    }

@@ -1,0 +1,140 @@
+"""Isolation between checks on the local node, and discovery of the plugin's CDI spec file.
+
+After every check, pass or fail, the node is put back to its baseline and that is verified
+before the next check: no fault of the harness left in place (read-only storage, redirected or
+isolated sockets, a remapped or hidden device), nothing but the plugin's own spec at the spec
+path, the kubelet up, the plugin running and registered with every device allocatable, and the
+spec byte-identical to its baseline with its baseline mode. A plugin that lost its spec is given
+one restart (plugins write it at start). What cannot be restored is returned, named, so the
+remaining checks on this node end `blocked`, never failed on account of an earlier check.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from conformance.contract.wait import WaitExpired, wait_for
+
+RESTORE_TIMEOUT_S = 30.0
+
+
+def discover_spec(node: Any, cdi_devices: Sequence[str]) -> str:
+    """The one top-level file in the CDI dir that declares the kind of the allocated device;
+    "" when the plugin injects no CDI device (then the CDI checks do not apply)."""
+    if not cdi_devices:
+        return ""
+    kind = cdi_devices[0].partition("=")[0]
+    found = []
+    for name in sorted(node.list_files("cdi")):
+        if name in node.sentinels:
+            continue
+        data = node.read_file("cdi", name) or b""
+        try:
+            declared = json.loads(data).get("kind")
+        except (ValueError, AttributeError):
+            continue
+        if declared == kind:
+            found.append(name)
+    if len(found) != 1:
+        raise AssertionError(
+            f"want exactly one spec in the CDI dir declaring kind {kind!r}, found {found or 'none'}"
+        )
+    return str(found[0])
+
+
+class BaselineRestore:
+    """Mixin for the local node (it provides the attributes and primitives used here)."""
+
+    _faults: set[str]
+    spec_name: str
+    baseline_spec: bytes
+    baseline_mode: int = 0
+
+    def restore_baseline(self) -> list[str]:
+        node: Any = self
+        problems: list[str] = []
+        for fault in sorted(self._faults):
+            try:
+                _undo(node, fault)
+            except Exception as exc:
+                problems.append(f"could not undo {fault}: {exc}")
+        if problems:
+            return problems
+        if self.spec_name:
+            problem = _clear_spec_path(node)
+            if problem:
+                return [problem]
+        if not node.kubelet.emulator.running:
+            node.kubelet.start()
+        if not node.sandbox.running:
+            node.restart_plugin()
+        try:
+            _wait_baseline(node)
+        except WaitExpired as first:
+            node.restart_plugin()  # a plugin that lost its spec writes it again at start
+            try:
+                _wait_baseline(node)
+            except WaitExpired as second:
+                return [f"{second} (also before a plugin restart: {first})"]
+        return []
+
+
+def _undo(node: Any, fault: str) -> None:
+    if fault.startswith("read-only "):
+        node.set_storage_read_only(fault.removeprefix("read-only "), False)
+    elif fault == "sockets":
+        node.redirect_plugin_sockets(False)
+    elif fault == "isolated":
+        node._stop_plugin()
+        node._start_plugin()  # a fresh sandbox, with the kubelet's own directory bound
+        node._faults.discard("isolated")
+    elif fault == "remap":
+        node.remap_device_unusable(False)
+    elif fault == "device":
+        node.set_device_present(True)
+
+
+def _clear_spec_path(node: Any) -> str:
+    """Remove whatever the harness left at the spec path that is not a regular file."""
+    info = node.stat("cdi", node.spec_name)
+    if info is None or info.kind == "file":
+        return ""
+    path = Path(node.dirs["cdi"]) / node.spec_name
+    try:
+        if info.kind == "dir":
+            path.rmdir()  # never rm -r: whatever is inside is the plugin's doing, and evidence
+        else:
+            path.unlink()
+    except OSError as exc:
+        listing = ", ".join(sorted(p.name for p in path.iterdir())) if path.is_dir() else ""
+        return (
+            f"the {info.kind} at the spec path {node.spec_name} cannot be removed "
+            f"({exc.strerror}{': holds ' + listing if listing else ''})"
+        )
+    return ""
+
+
+def _wait_baseline(node: Any) -> None:
+    def spec_back() -> bool:
+        if not node.spec_name:
+            return True
+        info = node.stat("cdi", node.spec_name)
+        return bool(
+            node.read_file("cdi", node.spec_name) == node.baseline_spec
+            and info is not None
+            and info.mode == node.baseline_mode
+        )
+
+    wait_for(lambda: node.sandbox.running, 5, "plugin running (restore)")
+    wait_for(
+        lambda: node.capacity() > 0 and node.allocatable() == node.capacity(),
+        RESTORE_TIMEOUT_S,
+        "every device allocatable again (restore)",
+        interval=0.01,
+    )
+    wait_for(spec_back, RESTORE_TIMEOUT_S, "CDI spec bytes and mode as at baseline (restore)")
+    if "readiness" in node.capabilities:
+        wait_for(node.plugin_ready, RESTORE_TIMEOUT_S, "plugin readiness (restore)")

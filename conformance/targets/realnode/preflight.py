@@ -1,0 +1,153 @@
+"""The real node's hooks for the suite: what `--target node` needs before its first check, and
+the version of every component it ran, asked from the binaries themselves.
+
+The node needs containerd >= 1.7 (CDI injection: bookworm's 1.6.20 has none, so the plugin would
+be blamed for "allocation carries no CDI device"), runc, and the kubelet, API server, etcd and
+crictl that `nox -s node-build` builds at the pinned release; its ports free unless our own
+stack (`nox -s node-up`) already holds them; a cgroup hierarchy for the kubelet's cgroupfs
+driver. Go is needed only while something is still to be built.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from conformance.contract import hostfacts
+from conformance.contract.preconditions import (
+    Found,
+    Requirement,
+    ask,
+    tool,
+    version_of,
+    version_tuple,
+)
+from conformance.targets.local.preflight import local_requirements
+from conformance.targets.realnode import (
+    API_PORT,
+    BIN,
+    CRICTL_VERSION,
+    ETCD_CLIENT_PORT,
+    ETCD_PEER_PORT,
+    ETCD_VERSION,
+    KUBERNETES_VERSION,
+    REPO,
+    procs,
+)
+from conformance.targets.realnode.configs import KUBELET_HEALTHZ, KUBELET_PORT, kubelet_config
+
+CONTAINERD_MINIMUM = "1.7"
+CONTAINERD_FIX = "nox -s node-deps (containerd 1.7.24 from Debian trixie, pinned; node/README.md)"
+BUILD_FIX = "nox -s node-build"
+PLUGIN_HEALTH_PORT = 18080  # stack.PLUGIN_HEALTH
+PORTS = (
+    API_PORT,
+    ETCD_CLIENT_PORT,
+    ETCD_PEER_PORT,
+    KUBELET_PORT,
+    KUBELET_HEALTHZ,
+    PLUGIN_HEALTH_PORT,
+)
+# What each binary prints for --version, and the version the pins want.
+BUILT: dict[str, tuple[list[str], str, str]] = {
+    "kubelet": (["--version"], r"Kubernetes (\S+)", KUBERNETES_VERSION),
+    "kube-apiserver": (["--version"], r"Kubernetes (\S+)", KUBERNETES_VERSION),
+    "etcd": (["--version"], r"etcd Version: (\S+)", ETCD_VERSION.lstrip("v")),
+    "crictl": (["--version"], r"crictl version (\S+)", CRICTL_VERSION),
+}
+CONTAINERD_PATTERN = r"containerd\s+\S+\s+v?(\S+)"
+
+
+def containerd_cdi() -> Requirement:
+    """containerd >= 1.7 whose CRI plugin knows `enable_cdi` (asked from its default config)."""
+
+    def probe() -> Found:
+        line, shown = ask(["containerd", "--version"])
+        if line is None:
+            return Found("missing (not on PATH)", False, shown)
+        found = version_of(["containerd", "--version"], CONTAINERD_PATTERN)["version"]
+        have = version_tuple(found)
+        if have is None or have < (version_tuple(CONTAINERD_MINIMUM) or ()):
+            return Found(found, False, shown)
+        if "enable_cdi" not in _containerd_default_config():
+            return Found(f"{found} without enable_cdi in its default config", False, shown)
+        return Found(f"{found} (enable_cdi)", True, shown)
+
+    return Requirement(
+        "containerd",
+        "CDI device injection into the workload pods",
+        f">= {CONTAINERD_MINIMUM} with CDI (enable_cdi)",
+        CONTAINERD_FIX,
+        probe,
+    )
+
+
+def _containerd_default_config() -> str:
+    try:
+        return subprocess.run(
+            ["containerd", "config", "default"], capture_output=True, text=True, timeout=20
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def built(name: str, bin_dir: Path = BIN) -> Requirement:
+    """A binary of `nox -s node-build` in bin_dir that says it is the pinned version."""
+    args, pattern, want = BUILT[name]
+
+    def probe() -> Found:
+        binary = bin_dir / name
+        if not binary.exists():
+            return Found(f"missing ({binary})", False, str(binary))
+        got = version_of([str(binary), *args], pattern)
+        return Found(got["version"], got["version"] == want, got["command"])
+
+    return Requirement(name, f"the node's {name}", f"{want} built in {bin_dir}", BUILD_FIX, probe)
+
+
+def _stack_up() -> bool:
+    """Our own stack (nox -s node-up) is running: the ports are ours, the target reuses it."""
+    return any((p := procs.recorded(n)) is not None and p.alive for n in ("kubelet", "etcd"))
+
+
+def preconditions(target: str = "node", runtime: str = "process") -> list[Requirement]:
+    del target, runtime
+    local = [r for r in local_requirements() if r.component in ("root", "/dev/kvm")]
+    needs: list[Requirement] = [*local, containerd_cdi()]
+    needs.append(
+        tool(
+            "runc",
+            ["runc", "--version"],
+            minimum="1.1",
+            feature="containerd's OCI runtime for the workload pods",
+            fix="apt-get install runc",
+        )
+    )
+    if any(not (BIN / name).exists() for name in (*BUILT, "pause")):
+        needs.append(
+            hostfacts.go_toolchain(
+                REPO / "node" / "build" / "go.mod", "building the node (node-build)"
+            )
+        )
+    needs += [built(name) for name in BUILT]
+    needs.append(hostfacts.cgroups("the kubelet's cgroupfs driver", ("cpu", "memory", "pids")))
+    if not _stack_up():
+        needs.append(hostfacts.free_ports("the node's API server, etcd, kubelet, plugin", PORTS))
+    return needs
+
+
+def environment(
+    target: str = "node", runtime: str = "process", bin_dir: Path = BIN
+) -> dict[str, Any]:
+    """Every component's version as the binary reports it; the kubelet's cgroup driver."""
+    del target, runtime
+    components = {
+        name: version_of([str(bin_dir / name), *args], pattern)
+        for name, (args, pattern, _) in BUILT.items()
+    }
+    components["containerd"] = version_of(["containerd", "--version"], CONTAINERD_PATTERN)
+    components["runc"] = version_of(["runc", "--version"], r"runc version (\S+)")
+    driver = re.search(r"^cgroupDriver: (\S+)", kubelet_config(), re.MULTILINE)
+    return {"components": components, "cgroup_driver": driver.group(1) if driver else "unknown"}
