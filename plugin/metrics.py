@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
+import platform
+
 from prometheus_client import Counter, Gauge, Histogram
+
+from plugin.version import source_commit, version
+
+# Which build is running, as the conventional *_build_info gauge: always 1, the facts in labels
+# (joined onto other series with `* on(instance) group_left(version)`). Set once, at import: the
+# commit may ask git (in a checkout), which must not happen inside a scrape.
+BUILD_INFO = Gauge(
+    "hv_plugin_build_info",
+    "Version, source commit and Python version of the running plugin (always 1)",
+    ["version", "commit", "python"],
+)
+BUILD_INFO.labels(version=version(), commit=source_commit(), python=platform.python_version()).set(
+    1
+)
 
 REGISTRATIONS = Counter(
     "hv_plugin_registrations_total", "Register calls to the kubelet by result", ["result"]
