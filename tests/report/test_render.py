@@ -60,7 +60,10 @@ def test_step_summary_stays_under_githubs_limit(tmp_path: Path) -> None:
 def test_templates_ship_in_the_package_and_reports_templates_points_at_them() -> None:
     package_dir = ROOT / "conformance" / "report" / "templates"
     names = sorted(environment().list_templates())
-    assert names == ["report.css.j2", "report.html.j2", "report.md.j2"]
+    assert names == [
+        *("compare.css.j2", "compare.html.j2", "compare.md.j2"),
+        *("report.css.j2", "report.html.j2", "report.md.j2"),
+    ]
     assert sorted(p.name for p in package_dir.glob("*.j2")) == names
     assert (ROOT / "reports" / "templates").resolve() == package_dir
 
