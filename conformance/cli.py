@@ -302,8 +302,6 @@ def cmd_run(ns: argparse.Namespace) -> int:
         str(out),
         "--run-id",
         run_id,
-        "--junitxml",
-        str(out / "pytest-junit.xml"),
         "-q",
         "-rA",
     ]

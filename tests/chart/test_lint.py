@@ -11,7 +11,18 @@ import yaml
 
 from conformance.manifests import TARGETS
 from conformance.manifests.values_table import value_leaves, values_table
-from tests.chart.helm import CHART, DEFAULTS, ROOT, SCHEMA, run_helm
+from plugin.api.names import DEVICE_ACCESS_RESOURCE, PLUGIN_IMAGE_REPOSITORY
+from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
+from tests.chart.helm import (
+    CHART,
+    DEFAULTS,
+    ROOT,
+    SCHEMA,
+    containers,
+    daemonsets,
+    run_helm,
+    template,
+)
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
@@ -73,3 +84,22 @@ def test_values_table_in_readme_is_generated_from_the_schema(readme: str) -> Non
     table = values_table()
     assert table in text, f"{readme}: the values table differs from values.schema.json"
     assert table.count("\n") == len(_leaves()) + 2
+
+
+def test_chart_facts_are_the_plugins() -> None:
+    """The chart cannot import Python: its paths and names are checked against plugin.api."""
+    objs = template()
+    assert DEFAULTS["image"]["repository"] == PLUGIN_IMAGE_REPOSITORY
+    for component, c in containers(objs):
+        args = c["args"]
+        assert args[args.index("--device-plugin-dir") + 1] == DEVICE_PLUGIN_DIR
+        if component == "hypervisor-plugin":
+            assert args[args.index("--cdi-dir") + 1] == CDI_DYNAMIC_DIR
+            assert c["resources"]["limits"][DEVICE_ACCESS_RESOURCE] == "1"
+    paths = {
+        v["hostPath"]["path"]
+        for ds in daemonsets(objs).values()
+        for v in ds["spec"]["template"]["spec"]["volumes"]
+        if "hostPath" in v
+    }
+    assert paths == {DEVICE_PLUGIN_DIR, CDI_DYNAMIC_DIR, "/dev"}

@@ -48,6 +48,9 @@ def test_every_check_passes_against_our_plugin(tmp_path: Path) -> None:
     assert code == 0, output[-3000:]
     validate_results(data)
     assert statuses(data) == dict.fromkeys(EVERY_CHECK, "passed"), output[-3000:]
+    # One JUnit file per run: a CI glob for *junit*.xml counts every check once.
+    junit = [p.name for p in (tmp_path / "run").rglob("*.xml") if "junit" in p.name]
+    assert junit == ["junit.xml"], junit
     by_id = {c["id"]: c for c in data["checks"]}
     for check in ("cdi-missing", "cdi-stale", "cdi-malformed"):
         assert by_id[check]["metrics"]["recovery_s"] > 0
