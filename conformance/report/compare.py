@@ -186,7 +186,11 @@ examples:
   hvconform compare reports/main reports/my-branch
   hvconform compare main/results.json pr/results.json --fail-on-regression
   hvconform compare ours/ go-kvm/ --label-a ours --label-b go-kvm --out reports/compare
-  hvconform compare A B --threshold 2 --floor-ms 20   # a noisy shared CI machine"""
+  hvconform compare A B --threshold 3 --floor-ms 250  # a busy shared machine
+
+On a quiet machine the defaults hold; on a shared one, timing noise alone moves millisecond
+figures several-fold and restart figures by a second between two runs of the same plugin:
+loosen both options there, or compare runs made on the same quiet machine."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
