@@ -66,26 +66,32 @@ def _logical_lines(lines: list[str]) -> list[tuple[int, str]]:
     return out
 
 
+def shell_commands(path: Path) -> list[tuple[int, str]]:
+    """(line, command) of every logical line in the fenced shell blocks of a Markdown file."""
+    found: list[tuple[int, str]] = []
+    block: list[str] = []
+    first, fenced, shell = 0, False, False
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.lstrip().startswith("```"):  # fences may be indented (inside a list)
+            if fenced and shell:
+                found += [(first + offset, cmd) for offset, cmd in _logical_lines(block)]
+            shell = not fenced and bool(_FENCE.match(line.strip()))
+            fenced, block, first = not fenced, [], number
+            continue
+        if fenced:
+            block.append(line.strip())
+    return found
+
+
 def documented_builds() -> list[Documented]:
     """Every `docker build` the Markdown files and the Dockerfiles' usage comments show."""
-    found: list[Documented] = []
-    for doc in DOCS:
-        path = ROOT / doc
-        if not path.is_file():
-            continue
-        block: list[str] = []
-        first, fenced, shell = 0, False, False
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if line.lstrip().startswith("```"):  # fences may be indented (inside a list)
-                if fenced and shell:
-                    for offset, cmd in _logical_lines(block):
-                        if cmd.startswith("docker build"):
-                            found.append(Documented(f"{doc}:{first + offset}", cmd))
-                shell = not fenced and bool(_FENCE.match(line.strip()))
-                fenced, block, first = not fenced, [], number
-                continue
-            if fenced:
-                block.append(line.strip())
+    found = [
+        Documented(f"{doc}:{number}", cmd)
+        for doc in DOCS
+        if (ROOT / doc).is_file()
+        for number, cmd in shell_commands(ROOT / doc)
+        if cmd.startswith("docker build")
+    ]
     for dockerfile in DOCKERFILES:
         for number, line in enumerate((ROOT / dockerfile).read_text().splitlines(), 1):
             m = re.match(r"^#\s+(docker build .*)$", line)
