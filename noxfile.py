@@ -182,10 +182,20 @@ def conformance_aks(session: nox.Session) -> None:
     session.run("hvconform", "run", "--target", "aks", *args)
 
 
+@nox.session(name="node-deps", python=PYTHON)
+def node_deps(session: nox.Session) -> None:
+    """containerd 1.7.24 (CDI) from Debian trixie, pinned as node/README.md says, installed
+    through scripts/device-guard and verified; idempotent. `-- --dry-run` only simulates."""
+    session.install("-e", ".")
+    session.run("python", "-m", "conformance.targets.realnode.deps", *session.posargs)
+
+
 @nox.session(name="node-build", python=PYTHON)
 def node_build(session: nox.Session) -> None:
-    """Build kubelet, control plane, etcd, crictl, pause from published Go modules (cached)."""
+    """The host packages (node-deps), then kubelet, control plane, etcd, crictl, pause from
+    published Go modules (cached)."""
     session.install("-e", ".")
+    session.run("python", "-m", "conformance.targets.realnode.deps")  # as node-deps does
     session.run("python", "-m", "conformance.targets.realnode.build", *session.posargs)
 
 
