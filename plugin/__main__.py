@@ -22,13 +22,15 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from plugin import logs, shutdown
+from plugin.api.wire import DEVICE_PLUGIN_DIR
 from plugin.cdi import CdiReconciler
 from plugin.cdi_spec import desired_spec
 from plugin.config import Config, ConfigError, env_name, parse_config
 from plugin.endpoints import LIVENESS_SERVICE, READINESS_SERVICE, HttpEndpoints
 from plugin.health import HealthState
-from plugin.inputs import printable
+from plugin.inputs import Invalid, parse_seconds, printable
 from plugin.monitor import Monitor
+from plugin.options import OneLineParser
 from plugin.preflight import preflight
 from plugin.probe_worker import ProbeWorker
 from plugin.registration import Registrar
@@ -38,6 +40,8 @@ from plugin.version import source_commit, version
 SHUTDOWN_FLUSH_S = 2.0
 # A refused configuration: one line on stderr, nothing created.
 EXIT_CONFIG = 2
+# Deadline of one gRPC Health call made by the `probe` subcommand.
+PROBE_RPC_TIMEOUT_S = (0.05, 60.0)
 # A shutdown step stalled or failed, or a task lost its cancel: logged, and the exit says so.
 EXIT_UNCLEAN_STOP = 3
 
@@ -136,9 +140,7 @@ async def run(cfg: Config, listener: socket.socket | None = None) -> int:
 
 def probe_main(argv: Sequence[str]) -> int:
     """`probe liveness|readiness`: gRPC Health on the plugin's own socket, for exec probes."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="hv-device-plugin probe",
         description="Ask the running plugin over gRPC Health v1 on its socket; exit 0 when "
         "SERVING, 1 otherwise. Use as a Kubernetes exec probe.",
@@ -150,15 +152,21 @@ def probe_main(argv: Sequence[str]) -> int:
         help=f"plugin socket dir [{env_name('device-plugin-dir')}]",
     )
     parser.add_argument("--mode", default=None, help=f"plugin mode [{env_name('mode')}]")
-    parser.add_argument("--timeout", type=float, default=2.0, help="seconds per attempt")
-    ns = parser.parse_args(list(argv))
+    low, high = PROBE_RPC_TIMEOUT_S
+    parser.add_argument("--timeout", default="2", help=f"seconds per attempt, {low:g} to {high:g}")
+    try:
+        ns = parser.parse_args(list(argv))
+        timeout = parse_seconds(ns.timeout, low, high)
+    except (ConfigError, Invalid) as exc:
+        where = "--timeout: " if isinstance(exc, Invalid) else ""
+        print(f"hv-device-plugin probe: {where}{printable(str(exc))}", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         base = parse_config([])
     except ConfigError:
         base = None
     plugin_dir = Path(
-        ns.device_plugin_dir
-        or (base.device_plugin_dir if base else "/var/lib/kubelet/device-plugins")
+        ns.device_plugin_dir or (base.device_plugin_dir if base else DEVICE_PLUGIN_DIR)
     )
     mode = ns.mode or (base.mode if base else "hypervisor")
     prefix = "hyperlight-access" if mode == "device-access" else "hyperlight"
@@ -169,7 +177,7 @@ def probe_main(argv: Sequence[str]) -> int:
         with grpc.insecure_channel(f"unix:{sock}") as channel:
             try:
                 reply = health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(service=service), timeout=ns.timeout
+                    health_pb2.HealthCheckRequest(service=service), timeout=timeout
                 )
             except grpc.RpcError as exc:
                 answer = {

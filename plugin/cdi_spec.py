@@ -7,7 +7,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-DEFAULT_KIND = "hyperlight.dev/hypervisor"
+from plugin.api.names import CDI_KIND
+
+DEFAULT_KIND = CDI_KIND
 # Configurable. The content itself needs only 0.3.0; podman 4.3 (Debian 12) resolves 0.5.0
 # specs but not 0.6.0 ones.
 DEFAULT_CDI_VERSION = "0.5.0"

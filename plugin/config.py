@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
+from plugin.api.names import DEVICE_ACCESS_RESOURCE, HYPERVISOR_RESOURCE
 from plugin.cdi_spec import desired_spec, validate_spec
 from plugin.inputs import (
     Invalid,
@@ -30,8 +31,6 @@ from plugin.options import (
     DEFAULT_HEALTH_HOST,
     DEFAULT_PROBE_MAX_AGE_S,
     DEFAULTS,
-    DEVICE_ACCESS_RESOURCE,
-    HYPERVISOR_RESOURCE,
     LONGEST_SOCKET_NAME,
     MAX_CDI_FILENAME,
     MAX_ID,

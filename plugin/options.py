@@ -9,12 +9,12 @@ import argparse
 from dataclasses import dataclass
 from typing import NoReturn
 
+from plugin.api.names import SPEC_FILENAME
+from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
 from plugin.cdi_spec import UINT32_MAX
 from plugin.inputs import printable
 
 ALLOWED_DEVICES = ("/dev/kvm", "/dev/mshv")
-HYPERVISOR_RESOURCE = "hyperlight.dev/hypervisor"
-DEVICE_ACCESS_RESOURCE = "hyperlight.dev/device-access"
 DEFAULT_PROBE_MAX_AGE_S = 0.02
 MAX_PROBE_AGE_S = 1.0
 CDI_VERSIONS = ("0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
@@ -94,12 +94,12 @@ OPTIONS: tuple[_Opt, ...] = (
     ),
     _Opt(
         "device-plugin-dir",
-        "/var/lib/kubelet/device-plugins",
+        DEVICE_PLUGIN_DIR,
         "kubelet's device plugin dir: an existing, writable directory, not a symlink",
     ),
     _Opt(
         "cdi-dir",
-        "/var/run/cdi",
+        CDI_DYNAMIC_DIR,
         "directory holding the one CDI spec this plugin owns: existing, writable, not a symlink",
     ),
     _Opt(
@@ -108,7 +108,7 @@ OPTIONS: tuple[_Opt, ...] = (
         "cdiVersion written into the spec (lowest the content needs "
         "is 0.5.0; podman 4.3 resolves up to 0.5.0)",
     ),
-    _Opt("cdi-filename", "hyperlight.json", "file name of the owned CDI spec (*.json or *.yaml)"),
+    _Opt("cdi-filename", SPEC_FILENAME, "file name of the owned CDI spec (*.json or *.yaml)"),
     _Opt("device-uid", "65534", f"uid of the device node inside workloads, 0 to {MAX_ID}"),
     _Opt("device-gid", "65534", f"gid of the device node inside workloads, 0 to {MAX_ID}"),
     _Opt(
@@ -168,7 +168,7 @@ OPTIONS: tuple[_Opt, ...] = (
 DEFAULTS = {opt.flag: opt.default for opt in OPTIONS}
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse that refuses in one line (ConfigError) instead of usage text and exit."""
 
     def error(self, message: str) -> NoReturn:
@@ -184,7 +184,7 @@ class _Version(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="hv-device-plugin",
         description="Kubernetes device plugin for hypervisor devices (/dev/kvm, /dev/mshv). "
         "Every flag can also be set by the environment variable shown in brackets; the flag "

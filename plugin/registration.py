@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2_grpc
 from plugin import metrics
 from plugin.api import deviceplugin_pb2 as pb
 from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from plugin.api.wire import API_VERSION, KUBELET_SOCKET
 from plugin.config import Config
 from plugin.endpoints import GrpcHealth
 from plugin.health import HealthState
@@ -27,8 +28,6 @@ from plugin.server import DevicePluginServicer
 from plugin.shutdown import reap
 from plugin.watch import DirWatcher
 
-KUBELET_SOCKET = "kubelet.sock"
-API_VERSION = "v1beta1"
 # Fallback poll for restart detection when inotify events are missed (e.g. a remounted dir).
 RESTART_POLL_S = 1.0
 # gRPC's own default, made explicit: a larger request is refused by gRPC (RESOURCE_EXHAUSTED)

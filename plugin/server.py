@@ -11,6 +11,7 @@ import grpc
 from plugin import metrics
 from plugin.api import deviceplugin_pb2 as pb
 from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from plugin.api.wire import HEALTHY, UNHEALTHY
 from plugin.config import Config
 from plugin.health import HealthState
 from plugin.logs import log, warn
@@ -25,8 +26,6 @@ from plugin.request_checks import (
 )
 
 SERVICE = "v1beta1.DevicePlugin"
-HEALTHY = "Healthy"
-UNHEALTHY = "Unhealthy"
 
 
 def device_ids(cfg: Config) -> list[str]:

@@ -36,7 +36,6 @@ from conformance.contract.node import (
     CAP_READINESS,
     CAP_SOCKET_REDIRECT,
     Allocation,
-    Area,
     GuestOutcome,
 )
 from conformance.contract.plugin import PluginUnderTest, Probe
@@ -45,11 +44,13 @@ from conformance.contract.wait import wait_for
 from conformance.guest.cdi_resolve import resolve
 from conformance.kubelet import ThreadedKubeletEmulator
 from conformance.targets.local.baseline import BaselineRestore, discover_spec
-from conformance.targets.local.hostfiles import HostFiles, device_metadata, mount, umount
+from conformance.targets.local.faults import LocalFaults
+from conformance.targets.local.hostfiles import device_metadata, mount, umount
 from conformance.targets.local.netns import free_index
 from conformance.targets.local.observe import Observer
 from conformance.targets.local.runtime import guest_command, run_workload, start_workload
 from conformance.targets.local.sandbox import PluginSandbox
+from plugin.api.wire import KUBELET_SOCKET
 
 HEALTH_PORT = 8080
 SETUP_TIMEOUT_S = 60.0
@@ -89,7 +90,7 @@ def _capabilities(plugin: PluginUnderTest) -> frozenset[str]:
     return BASE_CAPABILITIES | observed
 
 
-class LocalNode(BaselineRestore, HostFiles):
+class LocalNode(BaselineRestore, LocalFaults):
     name = "local"
 
     def __init__(self, *, out_dir: Path, worker: str, plugin: PluginUnderTest) -> None:
@@ -225,27 +226,6 @@ class LocalNode(BaselineRestore, HostFiles):
         self._mounts.append(mountpoint)
         self.ledger.record("mount", str(mountpoint))
 
-    # -- storage --------------------------------------------------------------------------
-
-    def set_storage_read_only(self, area: Area, read_only: bool) -> None:
-        target = self.dirs[area]
-        staging = self.state / f"ro-{area}"
-        if read_only:
-            # An empty tmpfs made read-only at the superblock, then bound over the area: the
-            # spec is missing and cannot be written, in every namespace that sees the area.
-            staging.mkdir(exist_ok=True)
-            self._faults.add(f"read-only {area}")
-            self._mount(["-t", "tmpfs", "-o", "size=1m,mode=0755", "hv-ro", str(staging)], staging)
-            subprocess.run(["mount", "-o", "remount,ro", str(staging)], check=True)
-            self._mount(["--bind", str(staging), str(target)], target)
-        else:
-            self._faults.discard(f"read-only {area}")
-            # Unmounting reveals the storage as it was (the seed restored exact bytes).
-            for mp in (target, staging):
-                if mp in self._mounts:  # a half-made fault is undone as far as it got
-                    umount(mp)
-                    self._mounts.remove(mp)
-
     # -- the plugin -------------------------------------------------------------------------
 
     def _sandbox(self) -> PluginSandbox:
@@ -262,8 +242,16 @@ class LocalNode(BaselineRestore, HostFiles):
         )
 
     def _plugin_socket(self) -> Path | None:
+        """The plugin's own socket: its registered endpoint, or (while it is kept from the
+        kubelet's dir) the newest socket it made where it was told to look."""
         ok = [r for r in self._kubelet().registrations(self.resource) if r.ok]
-        return self.plugin_dir / ok[-1].endpoint if ok else None
+        where = [self.state / "isolated-sockets"] if "isolated" in self._faults else []
+        where += [self.state / "empty-sockets"] if "sockets" in self._faults else []
+        socks = [p for d in where if d.is_dir() for p in d.iterdir() if p.is_socket()]
+        socks = [p for p in socks if p.name != KUBELET_SOCKET]
+        if ok and (self.plugin_dir / ok[-1].endpoint).exists():
+            socks.append(self.plugin_dir / ok[-1].endpoint)
+        return max(socks, key=lambda p: p.stat().st_mtime_ns) if socks else None
 
     def _registered_resource(self) -> str | None:
         if not self._sandbox().running:
@@ -298,65 +286,6 @@ class LocalNode(BaselineRestore, HostFiles):
         return (
             "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
         )
-
-    def redirect_plugin_sockets(self, empty: bool) -> None:
-        target = self.plugin.paths.device_plugin_dir
-        if empty:
-            hole = self.state / "empty-sockets"
-            hole.mkdir(exist_ok=True)
-            self._faults.add("sockets")  # first: a half-made fault is still undone
-            self._sandbox().bind_mount(hole, target)
-        else:
-            self._sandbox().umount(target, lazy=True)
-            self._faults.discard("sockets")
-
-    def start_plugin_isolated(self) -> None:
-        """Replace the plugin by one started into an isolated, empty socket directory."""
-        hole = self.state / "isolated-sockets"
-        hole.mkdir(exist_ok=True)
-        self._faults.add("isolated")
-        self._stop_plugin()
-        self._start_plugin(sockets=hole)
-
-    def restore_plugin_sockets(self) -> None:
-        """Give the isolated plugin the kubelet's directory back, where it looks for it."""
-        self._sandbox().bind_mount(self.plugin_dir, self.plugin.paths.device_plugin_dir)
-        # "isolated" stays a fault: this sandbox would restart into the empty dir, so the
-        # restore after the check replaces it by one started normally.
-
-    def remap_device_unusable(self, unusable: bool) -> None:
-        kvm = os.stat("/dev/kvm").st_rdev
-        if unusable:
-            null = self.state / "null-at-kvm"
-            if not null.exists():
-                os.mknod(null, stat.S_IFCHR | 0o600, os.makedev(1, 3))
-            self._faults.add("remap")
-            self._sandbox().bind_mount(null, Path("/dev/kvm"))
-            self.replace_char_device("host_dev", "kvm", 1, 3)  # identity made to match
-        else:
-            self._sandbox().umount(Path("/dev/kvm"))
-            self.replace_char_device("host_dev", "kvm", os.major(kvm), os.minor(kvm))
-            self._faults.discard("remap")
-
-    def set_device_present(self, present: bool) -> None:
-        """Remove the hypervisor node from where the plugin looks, or put it back: its host-dev
-        view when it has one, else its own /dev (as a device unplugged from the host)."""
-        if self.plugin.paths.host_dev_dir:
-            super().set_device_present(present)
-        else:
-            kvm = self.dirs["host_dev"] / "kvm"  # the mknod copy, same numbers as /dev/kvm
-            inside = self._sandbox().ns_path("/dev/kvm")
-            if present:
-                self._sandbox().in_plugin_ns(["touch", inside])
-                self._sandbox().bind_mount(kvm, "/dev/kvm")
-            else:
-                self._faults.add("device")
-                self._sandbox().umount("/dev/kvm")
-                self._sandbox().in_plugin_ns(["rm", "-f", inside])
-        if present:
-            self._faults.discard("device")
-        else:
-            self._faults.add("device")
 
     # -- the kubelet ------------------------------------------------------------------------
 
@@ -415,7 +344,10 @@ class LocalNode(BaselineRestore, HostFiles):
         # Different inputs every run: equal outputs could not come from a cached answer.
         self._guest_runs += 1
         a, b = 7 + self._guest_runs, 3 * self._guest_runs
-        argv, env = guest_command("run", "--json", "--a", str(a), "--b", str(b))
+        # The device where the runtime put it, from the CDI spec: what any plugin's workload
+        # would be told by its own image, never a variable only one plugin sets.
+        device = self._device_in_workload(allocation)
+        argv, env = guest_command("run", "--json", "--device", device, "--a", str(a), "--b", str(b))
         proc = run_workload(
             allocation.cdi_devices,
             [self.dirs["cdi"]],
