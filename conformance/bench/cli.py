@@ -33,6 +33,8 @@ from conformance.bench.report import (
     render_compare,
     write_reports,
 )
+from conformance.contract.args import OneLineParser, output_problem
+from conformance.contract.strict_json import one_line
 
 # Figures that are correctness, not speed: any miss fails the run (exit 1).
 MUST_HOLD = ("storm.torn", "storm.failed", "repair.allocate.stale_answers")
@@ -68,17 +70,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def runner(ns: argparse.Namespace) -> int:
-    if os.geteuid() != 0 or not Path("/dev/kvm").exists():
-        print("hvconform bench: needs root (mknod, tmpfs mounts) and /dev/kvm", file=sys.stderr)
-        return 2
+    # Every input first (the old report, the output dir), then the machine: one line, exit 2.
     old = None
     if ns.compare:
         old = load_report(
-            Path(ns.compare), lambda m: print(f"hvconform bench: {m}", file=sys.stderr)
+            Path(ns.compare), lambda m: print(f"hvconform bench: {one_line(m)}", file=sys.stderr)
         )
         if old is None:
             return 2
     out = Path(ns.out).resolve()
+    problem = output_problem("--out", out, must_be_empty=False)
+    if problem:
+        print(f"hvconform bench: {one_line(problem)}", file=sys.stderr)
+        return 2
+    if os.geteuid() != 0 or not Path("/dev/kvm").exists():
+        print("hvconform bench: needs root (mknod, tmpfs mounts) and /dev/kvm", file=sys.stderr)
+        return 2
     data, failures = run(QUICK if ns.quick else FULL, out, quick=ns.quick)
     if old is not None:
         data["compare"] = compare(data, old)
@@ -233,7 +240,7 @@ def summary(figures: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m conformance.bench.cli`: the same as `hvconform bench`."""
-    parser = argparse.ArgumentParser(prog="hvconform")
+    parser: argparse.ArgumentParser = OneLineParser(prog="hvconform")
     register(parser.add_subparsers(dest="command", required=True))
     ns = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
     code: int = ns.func(ns)

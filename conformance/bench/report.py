@@ -10,8 +10,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from conformance.contract import strict_json
+
 SCHEMA = "hvconform-bench/1"
 REGRESSION = 0.20  # a figure more than 20 % worse than the old run is flagged
+# An old median outside this range (besides 0, which compare skips) is not a measurement: a
+# ratio against it could overflow.
+MEDIAN_RANGE = (1e-9, 1e15)
 Better = Literal["lower", "higher"]
 Stat = Literal["median", "p95", "p99", "max"]
 
@@ -278,13 +283,46 @@ def write_reports(data: dict[str, Any], out: Path) -> tuple[Path, Path]:
 
 
 def load_report(path: Path, complain: Callable[[str], None]) -> dict[str, Any] | None:
-    """An older bench.json, or None (after complaining) when it is not one."""
+    """An older bench.json, or None (after complaining, one line) when it is not one: read
+    strictly (a regular UTF-8 file, no NaN, bounded depth), then every field compare() reads
+    checked, so a hand-edited or foreign file is refused before the bench spends minutes."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        complain(f"--compare {path}: {exc}")
+        data = strict_json.load(path, label="--compare")
+    except strict_json.JsonInputError as exc:
+        complain(str(exc))
         return None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         complain(f"--compare {path}: not a {SCHEMA} report")
         return None
+    problem = _report_problem(data)
+    if problem:
+        complain(f"--compare {path}: not a usable {SCHEMA} report: {problem}")
+        return None
     return data
+
+
+def _median_ok(value: object) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return value == 0 or MEDIAN_RANGE[0] <= value <= MEDIAN_RANGE[1]
+
+
+def _report_problem(data: dict[str, Any]) -> str | None:
+    """What compare() and compare_warnings() would trip over in an old report, or None."""
+    if not isinstance(data.get("machine"), dict):
+        return "'machine' is not an object"
+    figures = data.get("figures", [])
+    if not isinstance(figures, list):
+        return "'figures' is not a list"
+    for n, fig in enumerate(figures):
+        if not isinstance(fig, dict) or not isinstance(fig.get("key"), str):
+            return f"figure {n} has no string 'key'"
+        if not _median_ok(fig.get("median")):
+            return f"figure {fig['key']!r}: median is not null or a number 0 or {MEDIAN_RANGE}"
+        load = fig.get("load", {})
+        busy = load.get("busy_pct") if isinstance(load, dict) else "?"
+        if busy is not None and (isinstance(busy, bool) or not isinstance(busy, int | float)):
+            return f"figure {fig['key']!r}: load.busy_pct is not null or a number"
+    return None

@@ -10,7 +10,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from conformance.contract.args import OneLineParser
+from conformance.contract.strict_json import JsonInputError, decode, one_line
 from conformance.metadata.rules import (
+    SNAPSHOT_MAX_BYTES,
     MetadataInputError,
     Verdict,
     check_final,
@@ -49,8 +52,10 @@ example (KIND):
 
 
 def _report(verdict: Verdict) -> int:
-    stream = sys.stderr if verdict.status == "error" else sys.stdout
-    print(verdict.message, file=stream, flush=True)
+    error = verdict.status == "error"
+    # An error names a path the user gave: one line, control characters shown, never acted on.
+    message = one_line(verdict.message, limit=2000) if error else verdict.message
+    print(message, file=sys.stderr if error else sys.stdout, flush=True)
     return verdict.exit_code
 
 
@@ -62,7 +67,8 @@ def run_snapshot(ns: argparse.Namespace) -> int:
         else:
             Path(ns.out).write_text(text)
     except (MetadataInputError, OSError) as exc:
-        print(f"error: snapshot of {ns.device} to {ns.out} failed: {exc}", file=sys.stderr)
+        message = f"error: snapshot of {ns.device} to {ns.out} failed: {exc}"
+        print(one_line(message, limit=2000), file=sys.stderr)
         return EXIT_ERROR
     return 0
 
@@ -73,7 +79,20 @@ def _node_kvm_gid(ns: argparse.Namespace) -> int:
     if ns.group_lookup != "-":
         return read_group_lookup(ns.group_lookup)
     # "-": piped, e.g. from `docker exec NODE getent group kvm`; a failed getent prints nothing.
-    return parse_group_lookup(sys.stdin.read())
+    stdin = getattr(
+        sys.stdin, "buffer", None
+    )  # a text stream without bytes (tests) is read as text
+    raw = (
+        stdin.read(SNAPSHOT_MAX_BYTES + 1)
+        if stdin is not None
+        else sys.stdin.read(SNAPSHOT_MAX_BYTES + 1).encode()
+    )
+    if len(raw) > SNAPSHOT_MAX_BYTES:
+        raise MetadataInputError(f"group lookup on stdin: more than {SNAPSHOT_MAX_BYTES} bytes")
+    try:
+        return parse_group_lookup(decode(raw, label="group lookup on stdin"))
+    except JsonInputError as exc:
+        raise MetadataInputError(str(exc)) from None
 
 
 def run_check_startup(ns: argparse.Namespace) -> int:
@@ -142,7 +161,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`hvconform metadata ...` without the rest of hvconform (tests, `python -m`)."""
-    parser = argparse.ArgumentParser(prog="hvconform")
+    parser: argparse.ArgumentParser = OneLineParser(prog="hvconform")
     register(parser.add_subparsers(dest="command", required=True))
     args = list(sys.argv[1:] if argv is None else argv)
     try:

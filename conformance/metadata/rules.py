@@ -18,12 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from conformance.contract import strict_json
+
 SCHEMA = "hvconform.device-metadata"
 VERSION = 1
 MISSING = "missing"
 CHAR = "char"
 MAX_ID = 2**32 - 2  # (uid_t)-1 means "no change" to chown, so it is never a real owner
 MAX_DEVNUM = 2**32 - 1
+SNAPSHOT_MAX_BYTES = 1024 * 1024  # a snapshot is ~200 bytes; a group file a few KiB
 KINDS = (CHAR, "block", "file", "dir", "symlink", "fifo", "socket", "other", MISSING)
 _STAT_KINDS = (
     (stat.S_ISCHR, CHAR),
@@ -145,18 +148,22 @@ def snapshot(device: str = "/dev/kvm") -> Snapshot:
 
 
 def load_snapshot(path: str | Path, label: str = "snapshot") -> Snapshot:
+    """A snapshot file, read strictly: a regular file of at most SNAPSHOT_MAX_BYTES, UTF-8."""
     try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MetadataInputError(f"cannot read {label} {path}: {exc}") from exc
+        raw = strict_json.read_bytes(
+            Path(path), label=f"cannot read {label}", max_bytes=SNAPSHOT_MAX_BYTES
+        )
+        text = strict_json.decode(raw, label=f"cannot read {label} {path}")
+    except strict_json.JsonInputError as exc:
+        raise MetadataInputError(str(exc)) from None
     return parse_snapshot_text(text, f"{label} {path}")
 
 
 def parse_snapshot_text(text: str, label: str = "snapshot") -> Snapshot:
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MetadataInputError(f"{label} is not JSON: {exc}") from exc
+        data = strict_json.parse(text, label=label)  # deep nesting and NaN refused, one line
+    except strict_json.JsonInputError as exc:
+        raise MetadataInputError(str(exc)) from None  # "<label>: not JSON: ..." and the like
     try:
         return Snapshot.from_json(data)
     except MetadataInputError as exc:
@@ -189,9 +196,10 @@ def parse_group_lookup(text: str, group: str = "kvm") -> int:
 def read_group_lookup(path: str | Path, group: str = "kvm") -> int:
     """parse_group_lookup of a file; an unreadable file is a failed lookup."""
     try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MetadataInputError(f"group lookup {path} could not be read: {exc}") from exc
+        raw = strict_json.read_bytes(Path(path), label="group lookup", max_bytes=SNAPSHOT_MAX_BYTES)
+        text = strict_json.decode(raw, label=f"group lookup {path}")
+    except strict_json.JsonInputError as exc:
+        raise MetadataInputError(f"{exc} (could not be read)") from None
     return parse_group_lookup(text, group)
 
 

@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def runner(ns: argparse.Namespace) -> int:
     # Imported here so `hvconform --help` does not load jinja2.
+    from conformance.contract.strict_json import one_line
     from conformance.report.browser import BrowserError, capture
     from conformance.report.model import verdict
     from conformance.report.render import ReportError, append_step_summary, load_results, render_all
@@ -54,14 +55,19 @@ def runner(ns: argparse.Namespace) -> int:
         if ns.screenshot:
             png = results.resolve().parent / "evidence" / "report.png"
             capture(files["html"], png)
-            files = render_all(results, out, partial=ns.partial)  # bundle the screenshot too
+            # Rendered again so the bundle holds the screenshot too.
+            files = render_all(results, out, partial=ns.partial, also=[png])
             files["screenshot"] = png
     except (ReportError, BrowserError) as exc:
-        print(f"hvconform report: {exc}", file=sys.stderr)
+        print(f"hvconform report: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_UNREADABLE
-    summary = append_step_summary(files["markdown"])
+    try:
+        summary = append_step_summary(files["markdown"])
+    except ReportError as exc:
+        print(f"hvconform report: {one_line(str(exc))}", file=sys.stderr)
+        return EXIT_UNREADABLE
     for kind, path in files.items():
-        print(f"hvconform report: {kind:<10} {path}")
+        print(f"hvconform report: {kind:<10} {one_line(str(path))}")
     if summary is not None:
-        print(f"hvconform report: appended report.md to {summary}")
+        print(f"hvconform report: appended report.md to {one_line(str(summary))}")
     return 0 if verdict(load_results(results), partial=ns.partial) == "PASSED" else EXIT_NOT_CLEAN

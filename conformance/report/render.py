@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jinja2
 from markupsafe import Markup, escape
 
+from conformance.contract import strict_json
+from conformance.contract.manifest import ManifestError
 from conformance.contract.results import validate_results
-from conformance.report import evidence, junit, svg
+from conformance.report import evidence, junit, svg, text
 from conformance.report.model import ReportView, build
 from conformance.report.words import duration
 
@@ -24,20 +25,9 @@ class ReportError(Exception):
     """The results file cannot be reported on (missing, not JSON, not the schema)."""
 
 
-def _md(text: object) -> str:
-    """Text safe inside a Markdown table cell: one line, no pipes, no raw HTML."""
-    value = " ".join(str(text).split())
-    return value.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def _code(text: object) -> str:
-    """Text safe inside a single-backtick code span."""
-    return " ".join(str(text).split()).replace("`", "'").replace("|", "\\|")
-
-
-def _ticks(text: object) -> Markup:
+def _ticks(value: object) -> Markup:
     """HTML for text whose `backticked` words are code: escaped first, then the spans marked."""
-    escaped = str(escape(str(text)))
+    escaped = str(escape(str(value)))
     return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped))  # noqa: S704
 
 
@@ -51,8 +41,9 @@ def _seconds(value: object) -> str:
     return duration(float(value)) if isinstance(value, int | float) else str(value)
 
 
-def environment() -> jinja2.Environment:
-    """Templates ship inside the package; HTML templates autoescape, Markdown ones do not."""
+def environment(markdown: bool = False) -> jinja2.Environment:
+    """Templates ship inside the package. HTML templates autoescape; the Markdown environment
+    escapes every {{ }} for Markdown unless a filter (md, code) already made it Markdown."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("conformance.report", "templates"),
         autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",)),
@@ -60,13 +51,22 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
+        finalize=text.md_finalize if markdown else None,
     )
-    env.filters.update(md=_md, code=_code, when=_when, seconds=_seconds, ticks=_ticks)
+    env.filters.update(
+        md=text.md_text,
+        code=text.md_code,
+        mdticks=text.md_ticks,
+        url=text.md_url,
+        when=_when,
+        seconds=_seconds,
+        ticks=_ticks,
+    )
     return env
 
 
 def render_markdown(view: ReportView) -> str:
-    return environment().get_template("report.md.j2").render(r=view)
+    return environment(markdown=True).get_template("report.md.j2").render(r=view)
 
 
 def render_html(view: ReportView) -> str:
@@ -79,18 +79,24 @@ def render_html(view: ReportView) -> str:
 
 
 def load_results(results_path: Path) -> dict[str, Any]:
-    """Read and validate a results.json; ReportError names the file and what is wrong."""
+    """Read and validate a results.json; ReportError (one line) names the file and the problem.
+
+    Strict (conformance.contract.strict_json): a regular file of at most 64 MiB, UTF-8, no
+    NaN or Infinity, nesting bounded; then the shipped JSON Schema.
+    """
     try:
-        data: dict[str, Any] = json.loads(results_path.read_text())
-    except OSError as exc:
-        raise ReportError(f"{results_path}: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise ReportError(f"{results_path}: not JSON: {exc}") from exc
+        data = strict_json.load(results_path, label="results")
+    except strict_json.JsonInputError as exc:
+        raise ReportError(str(exc)) from None
+    if not isinstance(data, dict):
+        raise ReportError(f"{results_path}: does not follow the results schema: not an object")
     try:
         validate_results(data)
     except Exception as exc:  # jsonschema.ValidationError; jsonschema is untyped here
-        message = getattr(exc, "message", str(exc))
-        raise ReportError(f"{results_path}: does not follow the results schema: {message}") from exc
+        message = strict_json.one_line(str(getattr(exc, "message", exc)))
+        raise ReportError(
+            f"{results_path}: does not follow the results schema: {message}"
+        ) from None
     return data
 
 
@@ -101,36 +107,59 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def render_all(results_path: Path, out_dir: Path, *, partial: bool = False) -> dict[str, Path]:
+def render_all(
+    results_path: Path, out_dir: Path, *, partial: bool = False, also: Sequence[Path] = ()
+) -> dict[str, Path]:
     """Write every report for results_path into out_dir; returns the files by kind.
 
     Call it at the end of every run, also a failed or interrupted one (partial=True when the run
-    did not reach every check). The evidence bundle is written last so it holds the reports too
-    when out_dir is the run directory.
+    did not reach every check). The evidence bundle is chosen first, so the report can name
+    what it left out, and written last, so it holds the reports too; `also` names further files
+    this command wrote into the run directory (a screenshot) that the bundle should hold.
+    ReportError (one line) for results or an output directory that cannot be used.
     """
-    results_path = results_path.resolve()
-    out_dir = out_dir.resolve()
+    try:
+        return _render_all(results_path.resolve(), out_dir.resolve(), partial, also)
+    except OSError as exc:  # an unwritable or vanished output directory, a full disk
+        where = f" {exc.filename}" if exc.filename else ""
+        raise ReportError(f"cannot write the reports:{where}: {exc.strerror or exc}") from None
+
+
+def _render_all(
+    results_path: Path, out_dir: Path, partial: bool, also: Sequence[Path]
+) -> dict[str, Path]:
     data = load_results(results_path)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ReportError(f"--out {out_dir}: exists and is not a directory")
     run_dir = results_path.parent
-    view = build(data, run_dir, out_dir, partial=partial)
+    dest = out_dir / "evidence.tar.gz"
+    try:
+        selection = evidence.select(run_dir, frozenset({os.path.relpath(dest, run_dir)}))
+    except ManifestError as exc:
+        raise ReportError(str(exc)) from None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    view = build(data, run_dir, out_dir, partial=partial, bundle_notes=selection.notes)
     files = {
         "markdown": _write(out_dir / "report.md", render_markdown(view)),
         "html": _write(out_dir / "report.html", render_html(view)),
         "junit": _write(out_dir / "junit.xml", junit.render(view)),
     }
-    # Reports rendered outside the run dir still travel with the evidence, under report/.
-    extra = (
-        {} if out_dir.is_relative_to(run_dir) else {f"report/{p.name}": p for p in files.values()}
-    )
+    # Files this command wrote travel with the evidence: under their own names inside the run
+    # dir, under report/ when rendered elsewhere.
+    extra = {
+        (p.relative_to(run_dir).as_posix() if p.is_relative_to(run_dir) else f"report/{p.name}"): p
+        for p in [*files.values(), *(a.resolve() for a in also)]
+    }
     finished = str(view.run.get("finished_at", ""))
-    dest = out_dir / "evidence.tar.gz"
-    files["evidence"] = evidence.bundle(run_dir, dest, str(view.run["id"]), finished, extra)
+    files["evidence"] = evidence.bundle(
+        run_dir, dest, str(view.run["id"]), finished, extra, selection
+    )
     return files
 
 
 def append_step_summary(markdown: Path, environ: Mapping[str, str] | None = None) -> Path | None:
-    """Append report.md to $GITHUB_STEP_SUMMARY when it is set; returns the summary file."""
+    """Append report.md to $GITHUB_STEP_SUMMARY when it is set; returns the summary file.
+    ReportError when that file cannot be appended to."""
     target = (os.environ if environ is None else environ).get("GITHUB_STEP_SUMMARY", "")
     if not target:
         return None
@@ -139,6 +168,9 @@ def append_step_summary(markdown: Path, environ: Mapping[str, str] | None = None
         cut = text.encode()[: STEP_SUMMARY_LIMIT - 4096].decode(errors="ignore")
         text = cut + f"\n\n(truncated: the full report is {markdown.name} in the run's artefacts)\n"
     path = Path(target)
-    with path.open("a", encoding="utf-8") as summary:
-        summary.write(text if text.endswith("\n") else text + "\n")
+    try:
+        with path.open("a", encoding="utf-8") as summary:
+            summary.write(text if text.endswith("\n") else text + "\n")
+    except OSError as exc:
+        raise ReportError(f"GITHUB_STEP_SUMMARY {target}: {exc.strerror or exc}") from None
     return path
