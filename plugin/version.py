@@ -7,13 +7,13 @@ Dockerfile's SOURCE_COMMIT build argument); in a git checkout it is asked of git
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import re
 import subprocess
 from pathlib import Path
 
-DISTRIBUTION = "hv-device-plugin"
+from plugin.api.names import installed_version
+
 COMMIT_ENV = "HV_SOURCE_COMMIT"
 UNKNOWN = "unknown"
 GIT_TIMEOUT_S = 5.0
@@ -22,10 +22,7 @@ _COMMIT = re.compile(r"[0-9a-f]{7,64}(?:-dirty)?")
 
 
 def version() -> str:
-    try:
-        return importlib.metadata.version(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return f"0+{UNKNOWN}"  # run from a source tree that was never installed
+    return installed_version()  # plugin.api.names reads it; the conformance suite does too
 
 
 def source_commit() -> str:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from plugin.cdi import CdiReconciler
+from plugin.cdi_spec import desired_spec
 from plugin.config import MAX_SLOTS
 from plugin.version import COMMIT_ENV
 
@@ -217,3 +219,11 @@ def test_the_chart_allows_no_more_slots_than_the_plugin() -> None:
         (Path(__file__).parents[2] / "charts/hv-device-plugin/values.schema.json").read_text()
     )
     assert schema["properties"]["slots"]["maximum"] == MAX_SLOTS
+
+
+def test_cdi_dir_turned_into_a_regular_file_is_named_so(tmp_path: Path) -> None:
+    """After start-up the same words: a regular file, not 'an unknown file type'."""
+    (tmp_path / "cdi").write_text("not a directory\n")
+    desired = desired_spec(device_name="kvm", device_path="/dev/kvm")
+    status = CdiReconciler(tmp_path / "cdi", "hyperlight.json", desired).reconcile()
+    assert status.state == "error" and "is a regular file" in status.reason, status
