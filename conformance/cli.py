@@ -298,6 +298,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         "no:cacheprovider",
         "--target",
         ns.target,
+        "--runtime",  # was parsed and never passed on: --runtime container ran processes
+        ns.runtime,
         "--out",
         str(out),
         "--run-id",
