@@ -142,7 +142,7 @@ def docker_shim(directory: Path, base: str, builder: str) -> Path:
 def argv_of(command: str, env: dict[str, str], cwd: Path) -> list[str]:
     """The words bash makes of a command (variables and substitutions expanded), not run."""
     done = subprocess.run(
-        ["bash", "-c", f'set -- {command}; printf "%s\\0" "$@"'],
+        ["bash", "-c", f'set -- {command}\nprintf "%s\\0" "$@"'],
         env=env, cwd=cwd, capture_output=True, text=True, check=True,
     )  # fmt: skip
     return done.stdout.split("\0")[:-1]
