@@ -1,0 +1,106 @@
+"""From any checkout: the whole local suite passes in a fresh clone below a 0700 directory and
+in one whose path has a space, with the clone's own interpreter where uid 65534 cannot reach it.
+
+Before the guest program was staged, every guest check failed there ("no Python usable as uid
+65534 gid 65534: .../.venv/bin/python: Permission denied"). The host's /dev/kvm metadata is
+snapshotted by the test itself and must be exactly as before; the run's results.json and both
+reports must name the environment of schema 1.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conformance.contract.results import SCHEMA_VERSION
+from tests.setup.checkout import Checkout, fresh_checkout
+
+KVM = "/dev/kvm"
+NOBODY = 65534
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.kvm,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, mounts, mknod)"),
+]
+
+
+def kvm_metadata() -> tuple[int, int, int, int]:
+    st = os.lstat(KVM)
+    return st.st_mode, st.st_uid, st.st_gid, st.st_rdev
+
+
+def nobody_can_reach(path: Path) -> bool:
+    """Whether uid/gid 65534 (no supplementary groups) can search every directory to path."""
+    for parent in [*reversed(path.parents), path]:
+        st = parent.stat()
+        if st.st_uid == NOBODY:
+            bit = stat.S_IXUSR
+        elif st.st_gid == NOBODY:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not st.st_mode & bit:
+            return False
+    return True
+
+
+@pytest.fixture(params=["0700-parent", "path with space"])
+def checkout(request: pytest.FixtureRequest) -> Iterator[Checkout]:
+    # mkdtemp makes the directory 0700, as `mktemp -d` and root's home are.
+    top = Path(tempfile.mkdtemp(prefix="hv-fresh-"))
+    try:
+        assert stat.S_IMODE(top.stat().st_mode) == 0o700
+        dest = top / ("hv" if request.param == "0700-parent" else "my checkouts/hv device plugin")
+        if request.param == "path with space":
+            top.chmod(0o755)  # only the space differs from a plain checkout
+            dest.parent.mkdir(parents=True)
+        yield fresh_checkout(dest)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_whole_local_suite_passes_from_a_fresh_clone(
+    checkout: Checkout, record_property: pytest.RecordProperty
+) -> None:
+    if " " not in str(checkout.root):
+        assert not nobody_can_reach(checkout.python.parent), "the venv must be out of reach"
+    before = kvm_metadata()
+    staged_before = set(Path("/tmp").glob("hvconform-guest-*"))
+    t0 = time.monotonic()
+    run = checkout.hvconform("run", "-n", "2", "--out", str(checkout.root / "reports" / "run"))
+    seconds = time.monotonic() - t0
+    record_property("clone_s", round(checkout.seconds, 1))
+    record_property("suite_s", round(seconds, 1))
+    print(
+        f"fresh clone at {checkout.root}: clone+venv {checkout.seconds:.1f} s, suite {seconds:.1f} s"
+    )
+    assert kvm_metadata() == before, "the run changed the host's /dev/kvm"
+    out = checkout.root / "reports" / "run"
+    data = json.loads((out / "results.json").read_text())
+    statuses = {c["id"]: (c["status"], c["reason"]) for c in data["checks"]}
+    assert run.returncode == 0, f"{statuses}\n{run.stdout[-3000:]}\n{run.stderr[-2000:]}"
+    assert all(s == "passed" for s, _ in statuses.values()), statuses
+    assert len(statuses) >= 14 and not data["run"].get("partial")
+    assert set(Path("/tmp").glob("hvconform-guest-*")) == staged_before, "staged guest left"
+
+    env = data["environment"]
+    assert data["schema_version"] == SCHEMA_VERSION
+    # The clone's own code ran (its commit), with the clone's interpreter.
+    assert env["source_commit"].removesuffix("-dirty") == checkout.commit
+    assert env["cgroup"]["version"] in ("v1", "v2", "hybrid") and env["cgroup"]["driver"]
+    for key in ("kernel", "distribution", "python", "suite_version", "plugin_version"):
+        assert env[key] and env[key] != "unknown", key
+    assert env["components"]["workload python"]["version"] != "unavailable"
+    assert all(p["ok"] for p in env["preconditions"]), env["preconditions"]
+    markdown = (out / "report.md").read_text()
+    html = (out / "report.html").read_text()
+    for text in ("Cgroups", "Suite", "workload python", env["kernel"], checkout.commit):
+        assert text in markdown and text in html, text
