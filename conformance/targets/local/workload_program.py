@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[3]
 GUEST_PACKAGE = "conformance.guest"
 PYTHON_ENV = "HV_WORKLOAD_PYTHON"
 STAGE_PARENT = Path("/tmp")  # world-searchable (1777) on every Linux system
+STAGE_PREFIX = "hvconform-guest-"  # then the owning pid
 MIN_PYTHON = (3, 11)
 FIX = (
     "install Debian's python3 (>= 3.11: apt-get install python3) or set "
@@ -113,7 +114,8 @@ class _Stage:
     def path(self) -> Path:
         with self._lock:
             if self._dir is None or self._pid != os.getpid():  # a fork gets its own copy
-                self._dir = Path(tempfile.mkdtemp(prefix="hvconform-guest-", dir=STAGE_PARENT))
+                prefix = f"{STAGE_PREFIX}{os.getpid()}-"  # the owner: a leak is attributable
+                self._dir = Path(tempfile.mkdtemp(prefix=prefix, dir=STAGE_PARENT))
                 self._pid = os.getpid()
                 atexit.register(_remove, self._dir, self._pid)
                 stage(self._dir)
