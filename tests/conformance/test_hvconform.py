@@ -76,7 +76,10 @@ MUTATIONS = [
     ("tests.mutants.never_unhealthy", "cdi-non-regular", "failed"),
     ("tests.mutants.never_unhealthy", "cdi-missing", "passed"),
     ("tests.mutants.no_reregistration", "restart-kubelet", "failed"),
-    ("tests.mutants.no_reregistration", "registration-failure", "failed"),
+    # The seed's registration failure starts the plugin into an isolated dir: its first
+    # registration is still retried, so this mutant passes it and fails the harder variant.
+    ("tests.mutants.no_reregistration", "registration-failure", "passed"),
+    ("tests.mutants.no_reregistration", "registration-dir-replaced", "failed"),
     ("tests.mutants.no_reregistration", "restart-plugin", "passed"),
 ]
 

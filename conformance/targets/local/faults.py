@@ -101,20 +101,28 @@ class LocalFaults(HostFiles):
 
     def set_device_present(self, present: bool) -> None:
         """Remove the hypervisor node from where the plugin looks, or put it back: its host-dev
-        view when it has one, else its own /dev (as a device unplugged from the host)."""
+        view when it has one, else its own /dev (as a device unplugged from the host: the node
+        made again with mknod, the real device's numbers and mode, in the plugin's /dev only)."""
         if self.plugin.paths.host_dev_dir:
+            if not present:
+                self._faults.add("device")
             super().set_device_present(present)
         else:
-            kvm = self.dirs["host_dev"] / "kvm"  # the mknod copy, same numbers as /dev/kvm
             inside = self._sandbox().ns_path("/dev/kvm")
             if present:
-                self._sandbox().in_plugin_ns(["touch", inside])
-                self._sandbox().bind_mount(kvm, "/dev/kvm")
+                real = os.stat("/dev/kvm")
+                mode = f"{stat.S_IMODE(real.st_mode):o}"
+                major, minor = str(os.major(real.st_rdev)), str(os.minor(real.st_rdev))
+                self._in_ns(["mknod", "-m", mode, inside, "c", major, minor])
             else:
                 self._faults.add("device")
-                self._sandbox().umount("/dev/kvm")
-                self._sandbox().in_plugin_ns(["rm", "-f", inside])
+                if "/dev/kvm" in self._sandbox().plugin_mounts():
+                    self._sandbox().umount("/dev/kvm")
+                self._in_ns(["rm", "-f", inside])
         if present:
             self._faults.discard("device")
-        else:
-            self._faults.add("device")
+
+    def _in_ns(self, argv: list[str]) -> None:
+        done = self._sandbox().in_plugin_ns(argv)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} in the plugin's namespace: {done.stderr.strip()}")
