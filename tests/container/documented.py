@@ -10,6 +10,7 @@ front of the arguments of `docker build`; everything else reaches the real docke
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -157,6 +158,15 @@ def tag_of(argv: list[str]) -> str:
     raise AssertionError(f"no -t in {argv}: an untagged image could not be found again")
 
 
+@contextlib.contextmanager
+def engine_builds() -> Iterator[None]:
+    """Builds in the engine, one at a time with `nox -s image` and the image fixtures: their
+    clean-up prunes dangling build-stage images, which an unfinished legacy build still needs
+    (seen: "failed to get destination image" when both ran at once)."""
+    with img._cache_lock(img.CACHE_DIR):
+        yield
+
+
 class Builds:
     """The clean checkout, the shim and the environment the documented commands run in."""
 
@@ -180,8 +190,9 @@ class Builds:
         env = self.env(**extra)
         tag = tag_of(argv_of(command, env, self.checkout))
         t0 = time.monotonic()
-        done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=self.checkout,
-                              env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+        with engine_builds():
+            done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=self.checkout,
+                                  env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
         self.seconds[what] = time.monotonic() - t0
         self.tags.add(tag)
         assert done.returncode == 0, (
@@ -197,7 +208,10 @@ def builds(
     client: docker.DockerClient,
     images: ImageSet,
 ) -> Iterator[Builds]:
-    builder = img.build_builder(client, images.base, img.wheelhouse(img.CACHE_DIR, print), print)
+    with engine_builds():
+        builder = img.build_builder(
+            client, images.base, img.wheelhouse(img.CACHE_DIR, print), print
+        )
     b = Builds(tmp_path_factory.mktemp("documented"), engine, images.base, builder)
     yield b
     for tag in sorted(b.tags):  # only what these tests tagged; the layers stay cached

@@ -15,7 +15,12 @@ import pytest
 
 from conformance.manifests import render_objects
 from tests.container import registry
-from tests.container.documented import Builds, builds, version_of  # noqa: F401 - the fixture
+from tests.container.documented import (  # noqa: F401 - builds is the fixture
+    Builds,
+    builds,
+    engine_builds,
+    version_of,
+)
 from tests.workflows import actions
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -62,8 +67,9 @@ def run_step(
     """One step with a fresh GITHUB_OUTPUT; its outputs."""
     out = runner.root / f"output-{step_id}"
     out.write_text("")
-    done = runner.run(AKS, JOB, actions.step_by_id(JOB, step_id), contexts,
-                      {**env, "GITHUB_OUTPUT": str(out)}, workspace)  # fmt: skip
+    with engine_builds():  # the image and push steps, one at a time with other builds
+        done = runner.run(AKS, JOB, actions.step_by_id(JOB, step_id), contexts,
+                          {**env, "GITHUB_OUTPUT": str(out)}, workspace)  # fmt: skip
     outputs = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
     return done, outputs
 

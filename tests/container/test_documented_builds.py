@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 
 from tests.container import documented
-from tests.container.documented import Builds, builds, version_of  # noqa: F401 - the fixture
+from tests.container.documented import (  # noqa: F401 - builds is the fixture
+    Builds,
+    builds,
+    engine_builds,
+    version_of,
+)
 from tests.workflows import actions
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -58,9 +63,10 @@ def test_kind_workflow_builds_the_image_it_names(
     step = actions.step_by_id(job, "image")
     runner = actions.Runner(tmp_path / "runner", [builds.shims])
     t0 = time.monotonic()
-    done = runner.run(
-        workflow, job, step, {}, builds.env(GITHUB_SHA=builds.commit), builds.checkout
-    )
+    with engine_builds():
+        done = runner.run(
+            workflow, job, step, {}, builds.env(GITHUB_SHA=builds.commit), builds.checkout
+        )
     builds.seconds["conformance-kind.yml image"] = time.monotonic() - t0
     tag = workflow["env"]["PLUGIN_IMAGE"]
     builds.tags.add(tag)
