@@ -58,6 +58,9 @@ BUILT: dict[str, tuple[list[str], str, str]] = {
     "crictl": (["--version"], r"crictl version (\S+)", CRICTL_VERSION),
 }
 CONTAINERD_PATTERN = r"containerd\s+\S+\s+v?(\S+)"
+# crictl from `go install` answers "crictl version unknown" (its version is an ldflag): then its
+# version is the main module's, read from the build info embedded in the binary.
+MAIN_MODULE = {"crictl": "sigs.k8s.io/cri-tools", "etcd": "go.etcd.io/etcd/server/v3"}
 
 
 def containerd_cdi() -> Requirement:
@@ -95,16 +98,50 @@ def _containerd_default_config() -> str:
 
 def built(name: str, bin_dir: Path = BIN) -> Requirement:
     """A binary of `nox -s node-build` in bin_dir that says it is the pinned version."""
-    args, pattern, want = BUILT[name]
+    want = BUILT[name][2]
 
     def probe() -> Found:
         binary = bin_dir / name
         if not binary.exists():
             return Found(f"missing ({binary})", False, str(binary))
-        got = version_of([str(binary), *args], pattern)
+        got = binary_version(name, bin_dir)
         return Found(got["version"], got["version"] == want, got["command"])
 
     return Requirement(name, f"the node's {name}", f"{want} built in {bin_dir}", BUILD_FIX, probe)
+
+
+def binary_version(name: str, bin_dir: Path = BIN) -> dict[str, str]:
+    """What the built binary says with --version; its module's version from the build info
+    when it does not know its own ("unknown")."""
+    args, pattern, _ = BUILT[name]
+    binary = str(bin_dir / name)
+    got = version_of([binary, *args], pattern)
+    module = MAIN_MODULE.get(name)
+    if (
+        module is None
+        or version_tuple(got["version"]) is not None
+        or got["version"] == "unavailable"
+    ):
+        return got
+    info = _go_build_info(binary)
+    match = re.search(rf"^\s*mod\s+{re.escape(module)}\s+(\S+)", info, re.MULTILINE)
+    if match is None:
+        return got
+    version = match.group(1)
+    return {
+        "version": version,
+        "command": f"go version -m {binary}",
+        "output": f"mod {module} {version}",
+    }
+
+
+def _go_build_info(binary: str) -> str:
+    try:
+        return subprocess.run(
+            ["go", "version", "-m", binary], capture_output=True, text=True, timeout=20
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def _stack_up() -> bool:
@@ -143,10 +180,7 @@ def environment(
 ) -> dict[str, Any]:
     """Every component's version as the binary reports it; the kubelet's cgroup driver."""
     del target, runtime
-    components = {
-        name: version_of([str(bin_dir / name), *args], pattern)
-        for name, (args, pattern, _) in BUILT.items()
-    }
+    components = {name: binary_version(name, bin_dir) for name in BUILT}
     components["containerd"] = version_of(["containerd", "--version"], CONTAINERD_PATTERN)
     components["runc"] = version_of(["runc", "--version"], r"runc version (\S+)")
     driver = re.search(r"^cgroupDriver: (\S+)", kubelet_config(), re.MULTILINE)
