@@ -29,6 +29,7 @@ from conformance.guest.kvm_guest import (
     run_counter,
     run_guest,
 )
+from conformance.targets.local.runtime import guest_command
 from tests.conformance.guest_specs import write_spec as _spec
 from tests.conformance.process_guard import children, no_leftover_processes  # noqa: F401
 
@@ -164,9 +165,9 @@ def test_guest_unprivileged_with_zero_capabilities(node_dir: Path) -> None:
 def test_drop_privileges_in_an_already_unprivileged_process(node_dir: Path) -> None:
     node = _mknod(node_dir / "kvm", 10, 232, owner=65534)
     ids = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    guest = [sys.executable, "-m", "conformance.guest", "run", "--device", str(node)]
-    guest += ["--drop-privileges", "--json"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # As uid 65534 the checkout may be out of reach (below a 0700 home): the staged guest.
+    guest, staged = guest_command("run", "--device", str(node), "--json")
+    env = {**os.environ, **staged}
 
     def run(*extra: str) -> subprocess.CompletedProcess[str]:
         cmd = [*ids, *extra, *guest]
