@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,20 +22,17 @@ import pytest
 from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
 from conformance.contract.results import validate_results
 from conformance.scenarios import CATALOGUE
-from tests.setup.checkout import REPO
-from tests.setup.test_preconditions import CONTAINERD_16, standin
+from tests.setup.support import REPO, standin, unreachable_python
+from tests.setup.test_preconditions import CONTAINERD_16
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 EVERY_CHECK = {c.id for c in CATALOGUE} | {"cleanup"}
 
 
 @pytest.fixture(scope="module")
-def unreachable_python() -> Iterator[str]:
-    top = Path(tempfile.mkdtemp(prefix="hv-0700-"))  # 0700
-    (top / "python3").symlink_to("/usr/bin/python3")
-    yield str(top / "python3")
-    (top / "python3").unlink()
-    top.rmdir()
+def no_python() -> Iterator[str]:
+    with unreachable_python() as python:
+        yield str(python)
 
 
 def blocked_run(
@@ -89,13 +85,11 @@ def no_node_made(tmp_path: Path) -> None:
     assert not (tmp_path / "run" / "metadata").exists(), "no node: no two-phase check either"
 
 
-def test_local_without_an_interpreter_for_workloads(
-    tmp_path: Path, unreachable_python: str
-) -> None:
-    proc, data = blocked_run(tmp_path, ["-n", "2"], env={"HV_WORKLOAD_PYTHON": unreachable_python})
+def test_local_without_an_interpreter_for_workloads(tmp_path: Path, no_python: str) -> None:
+    proc, data = blocked_run(tmp_path, ["-n", "2"], env={"HV_WORKLOAD_PYTHON": no_python})
     found = data["environment"]["preconditions"][-1]["found"]
     line = assert_blocked(proc, data, "workload interpreter", found)
-    assert unreachable_python in line and "HV_WORKLOAD_PYTHON" in line
+    assert no_python in line and "HV_WORKLOAD_PYTHON" in line
     no_node_made(tmp_path)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.setup.checkout import REPO
+from tests.setup.support import REPO
 
 GUARD = REPO / "scripts" / "device-guard"
 KVM_GROUP = 36  # Debian's kvm group id when udev creates it; any gid other than 0 will do

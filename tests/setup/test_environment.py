@@ -25,7 +25,7 @@ from conformance.targets import preflight
 from conformance.targets.cluster.kube import KubeApi
 from conformance.targets.cluster.preflight import cluster_facts
 from conformance.targets.realnode import preflight as node_preflight
-from tests.setup.test_preconditions import standin
+from tests.setup.support import standin
 from tests.targets.fake_kube import FakeKube
 from tests.targets.fakes import CONTRACTS, load_rules
 

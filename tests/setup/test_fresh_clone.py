@@ -22,7 +22,7 @@ import pytest
 
 from conformance.contract.results import SCHEMA_VERSION
 from conformance.targets.local.workload_program import STAGE_PARENT, STAGE_PREFIX
-from tests.setup.checkout import Checkout, fresh_checkout
+from tests.setup.support import Checkout, fresh_checkout
 
 KVM = "/dev/kvm"
 NOBODY = 65534

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conformance.targets.realnode import deps
-from tests.setup.checkout import REPO
+from tests.setup.support import REPO
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 

@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,18 +22,9 @@ from conformance.targets import preflight
 from conformance.targets.local.runtime import workload_python
 from conformance.targets.realnode import REPO
 from conformance.targets.realnode import preflight as node_preflight
+from tests.setup.support import standin, unreachable_python
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
-
-
-def standin(bin_dir: Path, name: str, output: str, code: int = 0, config: str = "") -> Path:
-    """An executable `name` printing output (and `config` for `name config default`)."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    script = bin_dir / name
-    body = f"if [ \"$1\" = config ]; then printf '%s\\n' '{config}'; exit 0; fi\n" if config else ""
-    script.write_text(f"#!/bin/sh\n{body}printf '%s\\n' '{output}'\nexit {code}\n")
-    script.chmod(0o755)
-    return script
 
 
 def requirement(target: str, runtime: str, component: str) -> Requirement:
@@ -205,25 +195,20 @@ def test_kvm_absent_not_a_device_or_not_kvm(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def unreachable_python() -> Iterator[Path]:
-    top = Path(tempfile.mkdtemp(prefix="hv-0700-"))  # 0700: uid 65534 cannot search it
-    (top / "python3").symlink_to("/usr/bin/python3")
+def no_python() -> Iterator[Path]:
     workload_python.cache_clear()
-    yield top / "python3"
+    with unreachable_python() as python:
+        yield python
     workload_python.cache_clear()
-    (top / "python3").unlink()
-    top.rmdir()
 
 
-def test_no_interpreter_for_workloads(
-    unreachable_python: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("HV_WORKLOAD_PYTHON", str(unreachable_python))
+def test_no_interpreter_for_workloads(no_python: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HV_WORKLOAD_PYTHON", str(no_python))
     finding = requirement("local", "process", "workload interpreter").check()
     assert not finding.ok and "\n" not in finding.line()
     assert finding.found.startswith(
         "no Python >= 3.11 that uid 65534 gid 65534 can execute with the guest program "
-        f"(tried {unreachable_python}: workload not started (exit 126): exec {unreachable_python}"
+        f"(tried {no_python}: workload not started (exit 126): exec {no_python}"
     ), finding.found
     assert finding.line().endswith(
         "or set HV_WORKLOAD_PYTHON to a Python >= 3.11 outside 0700 directories"

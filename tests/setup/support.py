@@ -1,4 +1,5 @@
-"""A fresh checkout of this repository where a new user would put one, with its own interpreter.
+"""Helpers of the setup tests: stand-in programs, an interpreter out of uid 65534's reach, and a
+fresh checkout of this repository where a new user would put one, with its own interpreter.
 
 `git clone` of this checkout's HEAD (committed work only, as a user's clone would be) into the
 directory a test chooses: below a 0700 directory (root's home, `mktemp -d`) or a path with a
@@ -11,15 +12,40 @@ checkout, whose editable install is not processed there, is imported from the cl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def standin(bin_dir: Path, name: str, output: str, code: int = 0, config: str = "") -> Path:
+    """An executable `name` printing output (and `config` for `name config default`)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    script = bin_dir / name
+    body = f"if [ \"$1\" = config ]; then printf '%s\\n' '{config}'; exit 0; fi\n" if config else ""
+    script.write_text(f"#!/bin/sh\n{body}printf '%s\\n' '{output}'\nexit {code}\n")
+    script.chmod(0o755)
+    return script
+
+
+@contextlib.contextmanager
+def unreachable_python() -> Iterator[Path]:
+    """/usr/bin/python3 behind a 0700 directory: root runs it, uid 65534 cannot."""
+    top = Path(tempfile.mkdtemp(prefix="hv-0700-"))
+    try:
+        (top / "python3").symlink_to("/usr/bin/python3")
+        yield top / "python3"
+    finally:
+        (top / "python3").unlink(missing_ok=True)
+        top.rmdir()
 
 
 @dataclass(frozen=True)
