@@ -167,10 +167,15 @@ class ReportView:
 
 
 def verdict(data: dict[str, Any], *, partial: bool = False) -> str:
-    """FAILED beats INCOMPLETE beats PASSED: a partial run verifies only what it reached."""
+    """FAILED beats BLOCKED beats ENVIRONMENT BLOCKED beats INCOMPLETE beats PASSED: a run that
+    verified nothing (every check blocked) or that a dirty node cut short never reads as a pass."""
     statuses = {str(c.get("status")) for c in data.get("checks", [])}
     if "failed" in statuses:
         return "FAILED"
+    if "blocked" in statuses:
+        return "BLOCKED"
+    if statuses and "passed" not in statuses and "environment_blocked" in statuses:
+        return "ENVIRONMENT BLOCKED"
     run = data.get("run", {})
     ran = {str(c.get("id")) for c in data.get("checks", [])}
     if partial or run.get("partial") or NOT_RUN in statuses or set(run.get("planned", [])) - ran:

@@ -17,3 +17,14 @@ def test_planned_checks_that_all_ran_give_passed(tmp_path: Path) -> None:
     assert view.verdict == "PASSED"
     data["run"]["planned"].append("never-ran")
     assert build(data, tmp_path, tmp_path).verdict == "INCOMPLETE"
+
+
+def test_blocked_and_environment_blocked_runs_never_read_as_passed(tmp_path: Path) -> None:
+    data = json.loads(FIXTURE.read_text())
+    data["run"]["planned"] = [c["id"] for c in data["checks"]]
+    for check in data["checks"]:
+        check["status"] = "environment_blocked"
+    assert build(data, tmp_path, tmp_path).verdict == "ENVIRONMENT BLOCKED"
+    data["checks"][0]["status"] = "passed"
+    data["checks"][1]["status"] = "blocked"
+    assert build(data, tmp_path, tmp_path).verdict == "BLOCKED"

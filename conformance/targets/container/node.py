@@ -202,6 +202,9 @@ class ContainerNode(LocalNode):
     def plugin_ready(self) -> bool:
         return self._http_ok("/readyz")
 
+    def plugin_running(self) -> bool:
+        return self.container is not None and self._container().running
+
     def _ready_or_dead(self) -> bool:
         if not self._container().running:
             raise RuntimeError(f"the plugin container exited at setup:\n{self.plugin_log_tail(20)}")

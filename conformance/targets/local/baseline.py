@@ -69,7 +69,7 @@ class BaselineRestore:
                 return [problem]
         if not node.kubelet.emulator.running:
             node.kubelet.start()
-        if not node.sandbox.running:
+        if not node.plugin_running():
             node.restart_plugin()
         try:
             _wait_baseline(node)
@@ -128,7 +128,7 @@ def _wait_baseline(node: Any) -> None:
             and info.mode == node.baseline_mode
         )
 
-    wait_for(lambda: node.sandbox.running, 5, "plugin running (restore)")
+    wait_for(node.plugin_running, 5, "plugin running (restore)")
     wait_for(
         lambda: node.capacity() > 0 and node.allocatable() == node.capacity(),
         RESTORE_TIMEOUT_S,

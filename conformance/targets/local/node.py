@@ -253,8 +253,12 @@ class LocalNode(BaselineRestore, LocalFaults):
             socks.append(self.plugin_dir / ok[-1].endpoint)
         return max(socks, key=lambda p: p.stat().st_mtime_ns) if socks else None
 
+    def plugin_running(self) -> bool:
+        """The plugin process is up (a hook: the container runtime asks its engine)."""
+        return self.sandbox is not None and self.sandbox.running
+
     def _registered_resource(self) -> str | None:
-        if not self._sandbox().running:
+        if not self.plugin_running():
             raise RuntimeError(f"the plugin exited during node setup:\n{self.plugin_log_tail(20)}")
         names = self._kubelet().registered_resources()
         return names[0] if names else None
