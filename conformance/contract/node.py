@@ -25,6 +25,10 @@ CAP_SOCKET_REDIRECT = "socket-redirect"
 CAP_GUEST = "guest"
 CAP_LONG_GUEST = "long-guest"
 CAP_READ_STORM = "read-storm"
+# Optional RPCs the plugin declares in GetDevicePluginOptions (csi-sanity asks a driver for its
+# capabilities the same way): the checks of an optional RPC apply only when it is declared.
+CAP_PREFERRED_ALLOCATION = "preferred-allocation"
+CAP_PRE_START = "pre-start-container"
 # The plugin's own health can be observed (its profile names a probe); without it a plugin is
 # judged on what the kubelet sees: health in ListAndWatch, allocatable, Allocate answers.
 CAP_READINESS = "readiness"
@@ -50,6 +54,7 @@ class Allocation:
     phase: str = ""  # "Failed" when admission failed
     reason: str = ""  # e.g. UnexpectedAdmissionError
     message: str = ""
+    preferred: list[str] | None = None  # the plugin's GetPreferredAllocation answer, if asked
 
 
 @dataclass

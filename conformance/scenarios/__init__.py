@@ -12,6 +12,7 @@ from conformance.scenarios import (
     cdi,
     guest,
     identity,
+    options,
     preservation,
     registration,
     restart,
@@ -52,6 +53,9 @@ CATALOGUE: tuple[Check, ...] = (
           registration.registration_dir_replaced,
           "empty dir over the socket dir of a registered plugin: not ready, no busy loop; "
           "restored: registers again", level="extended"),
+    Check("optional-rpcs", "options", "Declared optional RPCs", options.optional_rpcs,
+          "GetPreferredAllocation / PreStartContainer, when declared: honoured on admission",
+          level="extended"),
     Check("restart-plugin", "restart", "Plugin restart", restart.restart_plugin,
           "plugin replaced: registered again; a running guest keeps counting"),
     Check("restart-kubelet", "restart", "Kubelet restart", restart.restart_kubelet,

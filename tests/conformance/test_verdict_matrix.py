@@ -68,7 +68,8 @@ def _expect(data: dict[str, Any], want: dict[str, str], default: str = "passed")
 @pytest.mark.kvm
 def test_correct_variant_passes_every_check(tmp_path: Path) -> None:
     data = _run(tmp_path, _variant(tmp_path, {}), SELECTION)
-    _expect(data, {})
+    # It declares no optional RPC (GetDevicePluginOptions is empty): that check does not apply.
+    _expect(data, {"optional-rpcs": "not_applicable"})
     assert data["run"]["plugin"]["name"] == "go-kvm"
     assert data["run"]["plugin"]["readiness"] == "grpc-health"
     by_id = {c["id"]: c for c in data["checks"]}

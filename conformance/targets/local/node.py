@@ -31,6 +31,8 @@ from conformance.contract.node import (
     CAP_LIVENESS,
     CAP_LONG_GUEST,
     CAP_PLUGIN_RESTART,
+    CAP_PRE_START,
+    CAP_PREFERRED_ALLOCATION,
     CAP_READ_ONLY,
     CAP_READ_STORM,
     CAP_READINESS,
@@ -150,6 +152,11 @@ class LocalNode(BaselineRestore, LocalFaults):
         )
         wait_for(self._ready_or_dead, SETUP_TIMEOUT_S, "plugin ready at node setup")
         wait_for(lambda: self.allocatable() > 0, SETUP_TIMEOUT_S, "allocatable > 0 at node setup")
+        options = self._kubelet().emulator.options(self.resource)
+        if options is not None and options.get_preferred_allocation_available:
+            self.capabilities |= {CAP_PREFERRED_ALLOCATION}
+        if options is not None and options.pre_start_required:
+            self.capabilities |= {CAP_PRE_START}
         allocation = wait_for(
             lambda: (a := self.allocate()).ok and a, SETUP_TIMEOUT_S, "an Allocate at node setup"
         )
@@ -329,6 +336,7 @@ class LocalNode(BaselineRestore, LocalFaults):
             phase=outcome.phase,
             reason=outcome.reason,
             message=outcome.message,
+            preferred=None if outcome.preferred is None else list(outcome.preferred),
         )
         if outcome.allocation is not None:
             self._allocations[id(allocation)] = outcome.allocation
