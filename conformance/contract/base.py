@@ -7,6 +7,10 @@ mount namespace).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import Protocol, TypeVar
+
 from conformance.contract.node import Area, FileInfo
 from conformance.contract.results import NotApplicable
 
@@ -54,3 +58,21 @@ class NodeBase:
         The default verifies nothing: a target without a way to restore answers that it kept
         nothing to restore (its checks clean up after themselves)."""
         return []
+
+
+class Managed(Protocol):
+    def setup(self) -> None: ...
+    def teardown(self) -> None: ...
+
+
+N = TypeVar("N", bound=Managed)
+
+
+@contextlib.contextmanager
+def set_up(node: N) -> Iterator[N]:
+    """A node's whole life for a registry entry: set up, yielded, always torn down."""
+    try:
+        node.setup()
+        yield node
+    finally:
+        node.teardown()

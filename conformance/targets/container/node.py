@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from conformance.contract.base import set_up
 from conformance.contract.node import Allocation, GuestOutcome
 from conformance.contract.plugin import flag_convention_command
 from conformance.contract.plugin import resolve as resolve_plugin
@@ -311,9 +312,5 @@ def open_node(
 ) -> Iterator[ContainerNode]:
     """The registry's entry for the local target's container runtime."""
     command = shlex.join(flag_convention_command(plugin))
-    node = ContainerNode(out_dir=out_dir, worker=worker, plugin_cmd=command)
-    try:
-        node.setup()
+    with set_up(ContainerNode(out_dir=out_dir, worker=worker, plugin_cmd=command)) as node:
         yield node
-    finally:
-        node.teardown()

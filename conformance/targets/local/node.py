@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from conformance.contract.base import set_up
 from conformance.contract.node import (
     CAP_DEVICE_REMAP,
     CAP_DEVICE_VIEW,
@@ -417,9 +418,5 @@ def open_node(
     *, out_dir: Path, worker: str, plugin: PluginUnderTest, metadata: object | None = None
 ) -> Iterator[LocalNode]:
     """The registry's entry: a local node for one worker, always torn down."""
-    node = LocalNode(out_dir=out_dir, worker=worker, plugin=plugin)
-    try:
-        node.setup()
+    with set_up(LocalNode(out_dir=out_dir, worker=worker, plugin=plugin)) as node:
         yield node
-    finally:
-        node.teardown()

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from conformance.contract.base import set_up
 from conformance.contract.node import (
     CAP_DEVICE_VIEW,
     CAP_GUEST,
@@ -354,9 +355,5 @@ def open_node(
 ) -> Iterator[RealNode]:
     """The registry's entry: the plugin on the real kubelet of `nox -s node-up`."""
     command = shlex.join(flag_convention_command(plugin))
-    node = RealNode(out_dir=out_dir, worker=worker, plugin_cmd=command)
-    try:
-        node.setup()
+    with set_up(RealNode(out_dir=out_dir, worker=worker, plugin_cmd=command)) as node:
         yield node
-    finally:
-        node.teardown()
