@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -211,6 +212,46 @@ def node_down(session: nox.Session) -> None:
     """Stop and remove everything node-up made, then verify nothing is left."""
     session.install("-e", ".")
     session.run("python", "-m", "conformance.targets.realnode.stack", "down")
+
+
+def _take(args: list[str], flag: str, default: str) -> str:
+    """Remove `flag VALUE` (or flag=VALUE) from args; its value, or the default."""
+    value, rest = default, []
+    items = iter(args)
+    for arg in items:
+        if arg == flag:
+            value = next(items, default)
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    args[:] = rest
+    return value
+
+
+@nox.session(name="conformance-cluster", python=PYTHON)
+def conformance_cluster(session: nox.Session) -> None:
+    """The existing-cluster target live on this machine: node-up with N nodes of their own, the
+    images imported into each node's containerd, `hvconform run --target cluster` over every node
+    (`-- --nodes 2 --node-access pod|direct`, the rest goes to hvconform), node-down verified."""
+    args = list(session.posargs)
+    count = _take(args, "--nodes", "2")
+    access = _take(args, "--node-access", "pod")
+    session.install("-e", ".[dev]")
+    _helm(session)  # the manifests are the chart's render
+    session.run("python", "-m", "conformance.targets.realnode.build")  # cached when built
+    tags = Path(str(session.create_tmp())) / "node-images.json"
+    try:
+        session.run("python", "-m", "conformance.targets.realnode.stack", "up", "--nodes", count)
+        session.run("python", "-m", "conformance.targets.realnode.node_images", "--json", str(tags))
+        images = json.loads(tags.read_text())
+        session.run(
+            "hvconform", "run", "--target", "cluster", "--kubeconfig", images["kubeconfig"],
+            "--all-nodes", "--node-access", access, "--image", images["plugin"],
+            "--guest-image", images["guest"], "--diag-image", images["guest"], *args,
+        )  # fmt: skip
+    finally:
+        session.run("python", "-m", "conformance.targets.realnode.stack", "down")
 
 
 @nox.session(name="fixture-plugins", python=PYTHON)

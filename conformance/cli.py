@@ -81,6 +81,22 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="kind: use the cluster --cluster-name made by the caller; never delete it",
     )
+    run.add_argument("--kubeconfig", default="", help="cluster: the existing cluster's kubeconfig")
+    run.add_argument("--context", default="", help="cluster: kubeconfig context (default: current)")
+    run.add_argument(
+        "--node", action="append", default=[], dest="nodes", help="cluster: a node to certify"
+    )
+    run.add_argument("--all-nodes", action="store_true", help="cluster: every KVM-labelled node")
+    run.add_argument(
+        "--node-access",
+        choices=("pod", "direct"),
+        default="pod",
+        help="cluster: through a privileged diagnostic pod (as on AKS), or directly (the node "
+        "runs on this machine)",
+    )
+    run.add_argument(
+        "--diag-image", default="", help="cluster/aks: diagnostic pod image (needs nsenter)"
+    )
     run.add_argument("--resource-group", default="", help="aks: resource group (required)")
     run.add_argument("--cluster", default="", help="aks: existing cluster (required)")
     run.add_argument(
@@ -202,6 +218,12 @@ def _cluster_options(
             resource_group=ns.resource_group,
             cluster=ns.cluster,
             vm_size=ns.vm_size,
+            kubeconfig=str(Path(ns.kubeconfig).resolve()) if ns.kubeconfig else "",
+            context=ns.context,
+            nodes=tuple(ns.nodes),
+            all_nodes=ns.all_nodes,
+            node_access=ns.node_access,
+            **({"diag_image": ns.diag_image} if ns.diag_image else {}),
         ).validate()
     except ValueError as exc:
         print(f"hvconform: {exc}", file=sys.stderr)

@@ -12,8 +12,8 @@ and cluster families (created and deleted by the suite) also `build_plan(options
 suite `preconditions(target, runtime)` (checked before the first check) and
 `environment(target, runtime)` (what the run ran on): see `preflight()`. Families by folder:
 `local/` (processes on this machine, the kubelet emulator), `container/` (the plugin under
-Docker, workloads under podman), `cluster/` (anything with an API server: kind, AKS), `realnode/`
-(a real kubelet on this machine).
+Docker, workloads under podman), `cluster/` (anything with an API server: an existing cluster,
+kind, AKS), `realnode/` (a real kubelet on this machine).
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ TARGETS: dict[str, Target] = {
         "conformance.targets.local.node",
         "this machine, no cluster: kubelet emulator, sandboxed plugin (default)",
         runtimes=("process", "container"),
+    ),
+    "cluster": Target(
+        "conformance.targets.cluster.existing",
+        "an existing cluster (--kubeconfig, --node/--all-nodes): never created nor deleted",
+        cluster=True,
     ),
     "kind": Target("conformance.targets.cluster.kind", "a throwaway KIND cluster", cluster=True),
     "aks": Target("conformance.targets.cluster.aks", "a temporary AKS node pool", cluster=True),

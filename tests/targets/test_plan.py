@@ -21,7 +21,11 @@ CASES: dict[str, dict[str, Any]] = {
     "kind-keep-cluster": {"target": "kind", "keep_cluster": True, "cluster_name": "hv-dev"},
     "aks-kvm": {"target": "aks"},
     "aks-mshv": {"target": "aks", "hypervisor": "mshv"},
+    "cluster-pod": {"target": "cluster", "nodes": ("hv-node",)},
+    "cluster-direct": {"target": "cluster", "nodes": ("hv-node",), "node_access": "direct"},
 }
+# The existing-cluster target reads the caller's kubeconfig (it must exist; the plan names it).
+KUBECONFIG = PLANS / "kubeconfig.yaml"
 
 
 def golden_options(**kw: Any) -> ClusterOptions:
@@ -32,6 +36,7 @@ def golden_options(**kw: Any) -> ClusterOptions:
         kind_config="kind/cluster.yaml",
         resource_group="rg-hyperlight",
         cluster="aks-hyperlight",
+        kubeconfig=str(KUBECONFIG),
         **kw,
     )
 

@@ -1,14 +1,17 @@
 """Node access: run a command on a cluster node, and the Node file operations built on it.
 
-kind reaches its node with `docker exec` into the node container; AKS through a privileged
-diagnostic pod (hostPID) and `nsenter -t 1` into the host's namespaces. Both only run argv on the
-node, so every file operation is one small POSIX shell script with its operands passed as
-arguments (never spliced into the script), and file contents travel as base64 so bytes stay exact.
+kind reaches its node with `docker exec` into the node container; AKS (and `--node-access pod`
+anywhere) through a privileged diagnostic pod (hostPID) and `nsenter -t 1` into the host's
+namespaces; `--node-access direct` when the node is this machine: argv runs here, in the
+namespaces of that node's kubelet. All only run argv on the node, so every file operation is
+one small POSIX shell script with its operands passed as arguments (never spliced into the
+script), and file contents travel as base64 so bytes stay exact.
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import shlex
 import subprocess
 import time
@@ -138,6 +141,85 @@ class PodExecAccess:
 
     def wrap(self, argv: list[str]) -> str:
         return pod_exec_text(self.pod, argv)
+
+
+class DirectAccess:
+    """The node is this machine: its kubelet runs here (`--hostname-override` names the node).
+
+    argv runs in that kubelet's namespaces, entered at the init of its PID namespace, which
+    outlives kubelet restarts (on a node of `node-up --nodes N` that is the node's own init; a
+    kubelet in this machine's own namespaces needs no nsenter at all)."""
+
+    def __init__(self, node: str, runner: CommandRunner | None = None) -> None:
+        self.node = node
+        self.where = f"this machine (node {node})"
+        self.runner = runner or CommandRunner()
+        self._init: tuple[int, str] | None = None  # (pid, start time) of the node's init
+
+    def _prefix(self) -> list[str]:
+        if self._init is not None and _start_time(self._init[0]) == self._init[1]:
+            return [*NSENTER[:2], str(self._init[0]), *NSENTER[3:]]
+        kubelet = local_kubelet(self.node)
+        if kubelet is None:
+            raise NodeAccessError(f"no kubelet for node {self.node} runs on this machine")
+        if _ns(kubelet, "pid") == _ns(os.getpid(), "pid"):
+            return []  # the kubelet shares this machine's namespaces
+        init = pid_namespace_init(kubelet)
+        self._init = (init, _start_time(init))
+        return [*NSENTER[:2], str(init), *NSENTER[3:]]
+
+    def argv(self, argv: list[str]) -> list[str]:
+        return [*self._prefix(), *argv]
+
+    def run(self, argv: list[str], timeout: float = 60) -> ExecResult:
+        return self.runner.run(self.argv(argv), timeout=timeout, check=False)
+
+    def wrap(self, argv: list[str]) -> str:
+        return f"(this machine, node {self.node}) {shlex.join(argv)}"
+
+
+def _ns(pid: int, kind: str) -> str:
+    try:
+        return str(Path(f"/proc/{pid}/ns/{kind}").readlink())
+    except OSError:
+        return ""
+
+
+def _start_time(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def local_kubelet(node: str) -> int | None:
+    """The pid of a kubelet on this machine registered as `node`, if any."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if args and Path(args[0]).name == "kubelet" and f"--hostname-override={node}" in args:
+            return int(entry.name)
+    return None
+
+
+def pid_namespace_init(pid: int) -> int:
+    """The process that is PID 1 of `pid`'s PID namespace, by its pid on this machine."""
+    target = _ns(pid, "pid")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or _ns(int(entry.name), "pid") != target:
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        nspid = next((ln.split()[1:] for ln in status.splitlines() if ln.startswith("NSpid:")), [])
+        if nspid and nspid[-1] == "1":
+            return int(entry.name)
+    raise NodeAccessError(f"the PID namespace of kubelet {pid} has no init visible here")
 
 
 def pod_exec_text(pod: str, argv: list[str]) -> str:

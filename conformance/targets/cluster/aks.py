@@ -23,14 +23,13 @@ from conformance.targets.cluster.access import (
     PodExecAccess,
     pod_exec_text,
 )
-from conformance.targets.cluster.deploy import manifest_yaml
-from conformance.targets.cluster.kube import Obj, resource_path
+from conformance.targets.cluster.diag import DIAG_NAME, DiagPods, diag_namespace, diag_steps
+from conformance.targets.cluster.kube import Obj
 from conformance.targets.cluster.lifecycle import Action
 from conformance.targets.cluster.node import ClusterNode
 from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
 from conformance.targets.cluster.run import ClusterLifecycle, open_cluster
 from conformance.targets.cluster.workloads import (
-    MANAGED,
     RUN_LABEL,
     TAINT_KEY,
     Layout,
@@ -50,12 +49,11 @@ class AksLifecycle(ClusterLifecycle):
         self, options: ClusterOptions, objects: list[Obj] | None = None, **kw: Any
     ) -> None:
         self.pool = f"hv{options.hypervisor[0]}{options.short_id}"[:12]
-        self.diag_ns = f"hvconform-diag-{options.short_id}"
-        self.diag_name = "hvconform-diag"
         super().__init__(options, objects, **kw)
+        self.diag = DiagPods(self.api, options, self.report)
+        self.diag_ns, self.diag_name = self.diag.namespace, DIAG_NAME
         self.before: dict[str, Any] = {}
         self._pod_access: PodExecAccess | None = None
-        self._diag_made = False
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -63,14 +61,7 @@ class AksLifecycle(ClusterLifecycle):
         return prepare(rendered, pin_labels={RUN_LABEL: self.options.short_id}, taint=True)
 
     def extra_namespaces(self) -> list[Obj]:
-        labels = {**MANAGED, "pod-security.kubernetes.io/enforce": "privileged"}
-        return [
-            {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": self.diag_ns, "labels": labels},
-            }
-        ]
+        return [diag_namespace(self.options)]
 
     def extra_dry_run(self) -> list[Obj]:
         o = self.options
@@ -122,8 +113,7 @@ class AksLifecycle(ClusterLifecycle):
             "--tags", f"hvconform-run={o.short_id}", "--output", "json",
         )  # fmt: skip
         pool = ("--cluster-name", o.cluster, "--name", self.pool)
-        diag = diagnostic_pod(self.diag_name, self.diag_ns, "<pool node>", o.diag_image)
-        diag_path = resource_path("v1", "Pod", self.diag_ns, self.diag_name)
+        diag = diag_steps(o, "<pool node>", "the pool node")
         return [
             Step(
                 "az-account",
@@ -165,30 +155,16 @@ class AksLifecycle(ClusterLifecycle):
                 "the pool's node Ready",
                 api=(f"GET /api/v1/nodes?labelSelector=agentpool={self.pool}",),
             ),
-            Step(
-                "diag-pod",
-                "setup",
-                "privileged diagnostic pod (hostPID, nsenter) on the pool node",
-                api=(
-                    f"POST {resource_path('v1', 'Pod', self.diag_ns)}",
-                    f"GET {diag_path}  (until Running)",
-                ),
-                manifest=manifest_yaml([diag]),
-                arms="diag-delete",
-            ),
+            diag["diag-pod"],
             shared["node-check"],
             shared["node-prepare"],
             shared["apply"],
             shared["rollout"],
             shared["baseline"],
             shared["workloads"],
+            shared["delete-plugin"],
             shared["node-restore"],
-            Step(
-                "diag-delete",
-                "cleanup",
-                "delete the diagnostic pod, wait until gone",
-                api=(f"DELETE {diag_path}",),
-            ),
+            diag["diag-delete"],
             Step(
                 "nodepool-delete",
                 "cleanup",
@@ -211,12 +187,7 @@ class AksLifecycle(ClusterLifecycle):
                 ),
             ),
             shared["verify-objects"],
-            Step(
-                "verify-diag-gone",
-                "verify",
-                "diagnostic pod answers 404",
-                api=(f"GET {diag_path}",),
-            ),
+            diag["verify-diag-gone"],
             Step(
                 "verify-cluster",
                 "verify",
@@ -235,10 +206,10 @@ class AksLifecycle(ClusterLifecycle):
             "snapshot": lambda s: self.before.update(self._cluster_state()),
             "node-wait": lambda s: self._wait_node(),
             "diag-pod": lambda s: self._create_diag(),
-            "diag-delete": lambda s: self._delete_diag(),
+            "diag-delete": lambda s: self.diag.delete(),
             "nodepool-delete": self._delete_pool,
             "verify-pool-gone": self._verify_pool,
-            "verify-diag-gone": lambda s: self._verify_diag(),
+            "verify-diag-gone": lambda s: self.diag.verify(),
             "verify-cluster": lambda s: self._verify_cluster(),
             "credentials-remove": lambda s: self._remove_credentials(),
         }
@@ -282,41 +253,7 @@ class AksLifecycle(ClusterLifecycle):
         self.report.environment["pool"] = self.pool
 
     def _create_diag(self) -> None:
-        self._diag_made = True  # before the request: a timed-out create may still have landed
-        self.api().create(
-            diagnostic_pod(self.diag_name, self.diag_ns, self.node_name, self.options.diag_image)
-        )
-
-        def running() -> bool:
-            pod = self.api().get("v1", "Pod", self.diag_name, self.diag_ns) or {}
-            return any(
-                "running" in c.get("state", {})
-                for c in pod.get("status", {}).get("containerStatuses", [])
-            )
-
-        wait_for(
-            running, self.options.pod_timeout, "diagnostic pod running", self.options.poll_interval
-        )
-
-    def _verify_diag(self) -> None:
-        if not self._diag_made:
-            self.report.verify("diagnostic pod gone", True, "never created")
-            return
-        gone = self.api().get("v1", "Pod", self.diag_name, self.diag_ns) is None
-        self.report.verify("diagnostic pod gone", gone, f"{self.diag_ns}/{self.diag_name}")
-
-    def _delete_diag(self) -> None:
-        api = self.api()
-        api.delete("v1", "Pod", self.diag_name, self.diag_ns, grace=0)
-        if not api.wait_gone(
-            "v1",
-            "Pod",
-            self.diag_name,
-            self.diag_ns,
-            self.options.delete_timeout,
-            self.options.poll_interval,
-        ):
-            raise RuntimeError("diagnostic pod still present")
+        self._pod_access = self.diag.create(self.node_name)
 
     def _delete_pool(self, step: Step) -> None:
         try:

@@ -74,6 +74,7 @@ def deploy_steps(objects: list[Obj], extra_dry_run: list[Obj]) -> dict[str, Step
             "create the plugin objects (harness wiring applied, see manifest)",
             api=tuple(_post(o, False) for o in rest),
             manifest=manifest_yaml(rest),
+            arms="delete-plugin",
         ),
         "rollout": Step(
             "rollout",
@@ -82,6 +83,13 @@ def deploy_steps(objects: list[Obj], extra_dry_run: list[Obj]) -> dict[str, Step
             api=tuple(
                 f"GET {object_path(o)}  (until updated == available == desired >= 1)" for o in sets
             ),
+        ),
+        "delete-plugin": Step(
+            "delete-plugin",
+            "cleanup",
+            "delete the plugin objects (DaemonSets first; foreground: their pods go first), "
+            "wait until gone: nothing runs on the node when its state is removed",
+            api=tuple(_delete(o) for o in sorted(reversed(rest), key=_daemonset_last)),
         ),
         "delete-objects": Step(
             "delete-objects",
@@ -100,6 +108,11 @@ def deploy_steps(objects: list[Obj], extra_dry_run: list[Obj]) -> dict[str, Step
             ),
         ),
     }
+
+
+def _daemonset_last(obj: Obj) -> bool:
+    """Sort key: DaemonSets before everything else."""
+    return bool(obj["kind"] != "DaemonSet")
 
 
 def blocked_by_policy(exc: ApiError) -> bool:
@@ -176,9 +189,19 @@ class Deployer:
             f"{self.options.rollout_timeout:g}s (last: {last})"
         )
 
+    def delete_plugin(self) -> None:
+        """What `apply` created (DaemonSets first), waited gone; namespaces stay for later."""
+        plugin = [o for o in self.created if o["kind"] != "Namespace"]
+        for obj in sorted(reversed(plugin), key=_daemonset_last):
+            meta = obj["metadata"]
+            self.api().delete(
+                obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace", "")
+            )
+        self.wait_gone(plugin)
+
     def delete_all(self) -> None:
         """DaemonSets first (their pods stop before the namespace goes), then the rest."""
-        ordered = sorted(reversed(self.created), key=lambda o: o["kind"] != "DaemonSet")
+        ordered = sorted(reversed(self.created), key=_daemonset_last)
         for obj in ordered:
             meta = obj["metadata"]
             self.api().delete(
@@ -186,9 +209,9 @@ class Deployer:
             )
         self.wait_gone()
 
-    def wait_gone(self) -> list[str]:
+    def wait_gone(self, objects: list[Obj] | None = None) -> list[str]:
         left = []
-        for obj in self.created:
+        for obj in self.created if objects is None else objects:
             meta = obj["metadata"]
             if not self.api().wait_gone(
                 obj["apiVersion"],

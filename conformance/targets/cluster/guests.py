@@ -12,12 +12,15 @@ import json
 from typing import Any
 
 from conformance.contract.node import CAP_GUEST, Allocation, GuestOutcome
+from conformance.contract.nodeinit import CRICTL
 from conformance.contract.wait import wait_for
 from conformance.targets.cluster.access import NodeAccess, NodeFiles
 from conformance.targets.cluster.kube import KubeApi, Obj
 from conformance.targets.cluster.plan import ClusterOptions
 from conformance.targets.cluster.workloads import workload_pod
 
+# The node's crictl: the node init's (bound to its containerd) where there is one.
+CRICTL_SNIPPET = f"if [ -x {CRICTL} ]; then c={CRICTL}; else c=crictl; fi; "
 FAILED_WAITING = ("CreateContainerError", "CreateContainerConfigError", "RunContainerError")
 
 
@@ -105,7 +108,8 @@ class GuestPods:
 
     def _cdi_devices(self, pod: Obj) -> list[str]:
         """What the kubelet asked the runtime for: the CRI config's CDI devices (crictl)."""
-        result = self.access.run(["crictl", "inspect", "-o", "json", container_id(pod)])
+        inspect = CRICTL_SNIPPET + '$c inspect -o json "$1"'
+        result = self.access.run(["sh", "-c", inspect, "sh", container_id(pod)])
         if result.rc != 0:
             return []
         config = json.loads(result.stdout).get("info", {}).get("config", {})

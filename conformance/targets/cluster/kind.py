@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from conformance.targets.cluster.access import DockerExecAccess, NodeAccess
+from conformance.targets.cluster.existing import cluster_steps
 from conformance.targets.cluster.kube import Obj
 from conformance.targets.cluster.lifecycle import Action
 from conformance.targets.cluster.node import ClusterNode
@@ -77,6 +78,7 @@ class KindLifecycle(ClusterLifecycle):
         o = self.options
         name, kcfg = o.cluster_name, self.kubeconfig
         shared = self.shared_steps()
+        kept = o.keep_cluster or o.existing_cluster
         images = [o.image] + ([o.guest_image] if o.guest_image and o.guest_image != o.image else [])
         create = (
             "kind", "create", "cluster", "--name", name, "--config", o.kind_config,
@@ -115,25 +117,16 @@ class KindLifecycle(ClusterLifecycle):
                 )
                 for i, image in enumerate(images)
             ],
-            shared["node-check"],
-            shared["node-prepare"],
-            shared["namespaces"],
-            shared["dry-run"],
-            shared["apply"],
-            shared["rollout"],
-            shared["baseline"],
-            shared["workloads"],
-            shared["delete-objects"],
-            shared["node-restore"],
+            # the existing-cluster target's steps: kind only makes and deletes the cluster
+            *cluster_steps(shared, None, verify_objects=kept),
         ]
-        if o.keep_cluster or o.existing_cluster:
+        if kept:
             steps += [
                 Step(
                     "kind-keep",
                     "cleanup",
                     f"keep cluster {name} (--keep-cluster): {quote(list(delete))}",
                 ),
-                shared["verify-objects"],
             ]
         else:
             steps += [

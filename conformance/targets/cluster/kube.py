@@ -85,12 +85,14 @@ def describe(obj: Obj) -> str:
 class KubeApi:
     """Dict-in, dict-out access to one cluster through a kubeconfig."""
 
-    def __init__(self, kubeconfig: str, request_timeout: float = 30.0) -> None:
+    def __init__(self, kubeconfig: str, request_timeout: float = 30.0, context: str = "") -> None:
         from kubernetes import client, config
 
         configuration = client.Configuration()
         config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, client_configuration=configuration
+            config_file=kubeconfig,
+            context=context or None,
+            client_configuration=configuration,
         )
         self.client = client.ApiClient(configuration)
         self.timeout = request_timeout

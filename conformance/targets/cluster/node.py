@@ -27,6 +27,7 @@ from conformance.contract.node import (
     FileInfo,
     ReadStorm,
 )
+from conformance.contract.nodeinit import KUBELET_LOG, KUBELET_PID
 from conformance.contract.wait import wait_for
 from conformance.targets.cluster.access import (
     CDI_DIR,
@@ -37,7 +38,7 @@ from conformance.targets.cluster.access import (
     NodeFiles,
 )
 from conformance.targets.cluster.deploy import Deployer
-from conformance.targets.cluster.guests import GuestPods, container_id, running
+from conformance.targets.cluster.guests import CRICTL_SNIPPET, GuestPods, container_id, running
 from conformance.targets.cluster.kube import KubeApi, Obj
 from conformance.targets.cluster.plan import ClusterOptions
 from conformance.targets.cluster.workloads import (
@@ -54,17 +55,33 @@ SENTINELS = {
     b'  "devices": [{"name": "s0", "containerEdits": {"env": ["SENTINEL=1"]}}]\n}\n',
     "aa-operator-notes.yaml": b"# owned by the operator, never by the plugin\nkeep: true\n",
 }
+# The kubelet is a systemd unit (kind, AKS) or run by a node init (conformance.contract.nodeinit).
+_HAS_INIT = f"[ -r {KUBELET_PID} ]"
 KUBELET_STATE = (
-    'printf "%s %s %s\\n" "$(systemctl show -p MainPID --value kubelet)" '
+    f'if {_HAS_INIT}; then pid=$(cat {KUBELET_PID}); [ -d "/proc/$pid" ] || pid=0; '
+    "else pid=$(systemctl show -p MainPID --value kubelet); fi; "
+    'printf "%s %s %s\\n" "$pid" '
     f'"$(stat -c %.9Y {KUBELET_SOCKET_PATH} 2>/dev/null || echo 0)" "$(date +%s.%N)"'
 )
+KUBELET_RESTART = (
+    f'if {_HAS_INIT}; then if [ "$1" = crash ]; then kill -KILL "$(cat {KUBELET_PID})"; '
+    "else kill -HUP 1; fi; "
+    'elif [ "$1" = crash ]; then systemctl kill --signal=SIGKILL kubelet; '
+    "else systemctl restart kubelet; fi"
+)
 REGISTRATIONS = (
-    'journalctl -u kubelet -o short-unix --no-pager --since "@$1" '
+    f"{{ if {_HAS_INIT}; then awk -v s=\"$1\" '$1 >= s' {KUBELET_LOG}; "
+    'else journalctl -u kubelet -o short-unix --no-pager --since "@$1"; fi; } '
     '| grep -i "registration request" | grep -F "$2" | tail -n 1'
 )
 CPU = (
-    "pid=$(crictl inspect --output go-template --template '{{.info.pid}}' \"$1\") "
+    CRICTL_SNIPPET + "pid=$($c inspect --output go-template --template '{{.info.pid}}' \"$1\") "
     '&& cat "/proc/$pid/stat" && getconf CLK_TCK'
+)
+# What the plugin process may do, from the kernel's own view of it (recorded in the report).
+PROCESS_STATUS = (
+    CRICTL_SNIPPET + "pid=$($c inspect --output go-template --template '{{.info.pid}}' \"$1\") "
+    '&& grep -E "^(Uid|Gid|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):" "/proc/$pid/status"'
 )
 
 
@@ -169,7 +186,17 @@ class ClusterNode(GuestPods, NodeBase):
             "kernel": info.get("kernelVersion", ""),
             "os_image": info.get("osImage", ""),
             "container_runtime": info.get("containerRuntimeVersion", ""),
+            "plugin_process": self.plugin_process_status(),
         }
+
+    def plugin_process_status(self) -> dict[str, str]:
+        """The plugin container's process as the node's kernel sees it (/proc/<pid>/status)."""
+        cid = container_id(self._pod(), self.layout.container)
+        result = self.access.run(["sh", "-c", PROCESS_STATUS, "sh", cid])
+        if result.rc != 0:
+            return {"error": result.stderr.decode(errors="replace").strip()[-200:]}
+        pairs = (ln.split(":", 1) for ln in result.stdout.decode().splitlines() if ":" in ln)
+        return {k.strip(): " ".join(v.split()) for k, v in pairs}
 
     # -- files ----------------------------------------------------------------------------
 
@@ -314,13 +341,12 @@ class ClusterNode(GuestPods, NodeBase):
         return pid, float(sock), float(now)
 
     def restart_kubelet(self, graceful: bool) -> float:
-        """Restart (or SIGKILL, systemd restarts it); back = its new registration socket's mtime."""
+        """Restart (or SIGKILL: systemd or the node init starts it again); back = its new
+        registration socket's mtime."""
         old_pid, _, issued = self._kubelet_state()
-        cmd = ["systemctl", "restart", "kubelet"]
-        if not graceful:
-            cmd = ["systemctl", "kill", "--signal=SIGKILL", "kubelet"]
-        result = self.access.run(cmd, timeout=120)
-        assert result.rc == 0, f"{' '.join(cmd)} failed: {result.stderr.decode()[-300:]}"
+        how = "graceful" if graceful else "crash"
+        result = self.access.run(["sh", "-c", KUBELET_RESTART, "sh", how], timeout=120)
+        assert result.rc == 0, f"kubelet {how} restart failed: {result.stderr.decode()[-300:]}"
 
         def back() -> float | None:
             pid, sock, _ = self._kubelet_state()

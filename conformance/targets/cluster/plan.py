@@ -19,6 +19,8 @@ from conformance.targets import TARGETS as REGISTRY
 Phase = Literal["setup", "cleanup", "verify"]
 TARGETS = tuple(name for name, target in REGISTRY.items() if target.cluster)
 HYPERVISORS = ("kvm", "mshv")
+NODE_ACCESS = ("pod", "direct")
+NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 ENV_OPTIONS = "HV_CLUSTER_OPTIONS"
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -41,6 +43,13 @@ class ClusterOptions:
     existing_cluster: bool = False  # a cluster made by the caller (CI): used, never deleted
     kind_config: str = str(REPO_ROOT / "kind" / "cluster.yaml")
     node_image: str = "kindest/node:v1.31.0"
+    # cluster (an existing cluster: never created nor deleted, only what the run puts there)
+    kubeconfig: str = ""
+    context: str = ""
+    nodes: tuple[str, ...] = ()  # the nodes to certify; empty with all_nodes: every KVM node
+    all_nodes: bool = False
+    node_access: str = "pod"  # "pod": diagnostic pod + nsenter (as on AKS); "direct": here
+    manifests: str = ""  # which chart values the plugin is rendered with (default per target)
     # aks
     resource_group: str = ""
     cluster: str = ""
@@ -71,6 +80,10 @@ class ClusterOptions:
     @property
     def manifest_target(self) -> str:
         """The name conformance.manifests renders for: kind, aks or aks-mshv."""
+        if self.manifests:
+            return self.manifests
+        if self.target == "cluster":
+            return "kind" if self.hypervisor == "kvm" else "aks-mshv"
         if self.target == "aks" and self.hypervisor == "mshv":
             return "aks-mshv"
         return self.target
@@ -93,7 +106,24 @@ class ClusterOptions:
             raise ValueError(f"--image needs an explicit tag other than latest: {self.image!r}")
         if self.target == "aks" and not (self.resource_group and self.cluster):
             raise ValueError("the aks target needs --resource-group and --cluster (no defaults)")
+        if self.node_access not in NODE_ACCESS:
+            raise ValueError(f"--node-access must be pod or direct, got {self.node_access!r}")
+        if self.target == "cluster":
+            self._validate_existing()
         return self
+
+    def _validate_existing(self) -> None:
+        if not self.kubeconfig:
+            raise ValueError(
+                "the cluster target needs --kubeconfig FILE (it never makes a cluster)"
+            )
+        if not Path(self.kubeconfig).is_file():
+            raise ValueError(f"--kubeconfig {self.kubeconfig!r} is not a readable file")
+        if bool(self.nodes) == self.all_nodes:
+            raise ValueError("the cluster target needs --node NAME (repeatable) or --all-nodes")
+        bad = [n for n in self.nodes if not NODE_NAME.fullmatch(n)]
+        if bad:
+            raise ValueError(f"--node {bad[0]!r} is not a Kubernetes node name")
 
     def to_env(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -102,6 +132,8 @@ class ClusterOptions:
     def from_env(cls, environ: dict[str, str] | None = None) -> ClusterOptions:
         raw = (os.environ if environ is None else environ).get(ENV_OPTIONS, "")
         data: dict[str, Any] = json.loads(raw) if raw else {}
+        if "nodes" in data:
+            data["nodes"] = tuple(data["nodes"])
         return cls(**data)
 
     def with_(self, **changes: Any) -> ClusterOptions:

@@ -50,6 +50,8 @@ def _docker_engine() -> Requirement:
 
 def preconditions(target: str, runtime: str = "process") -> list[Requirement]:
     del runtime
+    if target == "cluster":  # the caller's cluster: only its kubeconfig, checked by the run
+        return [_helm()]
     if target == "aks":
         az = tool(
             "az",
@@ -76,7 +78,7 @@ def environment(target: str, runtime: str = "process") -> dict[str, Any]:
     tools = {"kubectl": version_of(["kubectl", "version", "--client"], r"Client Version: (\S+)")}
     if target == "aks":
         tools["az"] = version_of(["az", "version", "--output", "tsv", "--query", '"azure-cli"'])
-    else:
+    elif target != "cluster":
         tools["kind"] = version_of(["kind", "version"], r"kind v?(\S+)")
         tools["docker engine"] = version_of(
             ["docker", "version", "--format", "{{.Server.Version}}"]

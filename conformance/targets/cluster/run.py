@@ -119,6 +119,7 @@ class ClusterLifecycle:
             "rollout": lambda s: self.deployer.wait_rollout(),
             "baseline": lambda s: self.open_node(),
             "workloads": lambda s: self.close_node(),
+            "delete-plugin": lambda s: self.deployer.delete_plugin(),
             "delete-objects": lambda s: self.deployer.delete_all(),
             "verify-objects": lambda s: self.deployer.verify(self.report),
         }

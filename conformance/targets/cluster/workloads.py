@@ -23,7 +23,7 @@ TAINT_KEY = "hyperlight.dev/conformance"
 MANAGED = {"app.kubernetes.io/managed-by": "hvconform"}
 DEVICE_PLUGINS_DIR = DEVICE_PLUGIN_DIR
 STATE_MOUNT = "/state"
-GUEST_MODULE = ["python", "-m", "conformance.guest"]
+GUEST_MODULE = ["python3", "-m", "conformance.guest"]  # the debootstrap base has no `python`
 
 
 @dataclass
@@ -89,9 +89,16 @@ def _mount_of(container: Obj, volume: str) -> Obj:
 
 
 def prepare(
-    objects: list[Obj], *, pin_labels: dict[str, str] | None = None, taint: bool = False
+    objects: list[Obj],
+    *,
+    pin_labels: dict[str, str] | None = None,
+    taint: bool = False,
+    isolate_host_view: bool = True,
 ) -> tuple[list[Obj], Layout]:
-    """Copy the rendered objects with the harness wiring applied; report what was found."""
+    """Copy the rendered objects with the harness wiring applied; report what was found.
+
+    `isolate_host_view=False` (the existing-cluster target: manifests applied unchanged) keeps
+    the plugin's view of the node's real /dev, so no identity fault is ever made there."""
     out = copy.deepcopy(objects)
     ds = plugin_daemonset(out)
     container = _plugin_container(ds)
@@ -104,15 +111,20 @@ def prepare(
     )
     for vol in _pod_spec(ds).get("volumes", []):
         path = vol.get("hostPath", {}).get("path", "").rstrip("/")
-        if path == "/dev":
+        if path == "/dev" and isolate_host_view:
             vol["hostPath"] = {"path": HOST_VIEW, "type": "Directory"}
             layout.host_view_isolated = True
+        elif path == "/dev":
+            layout.notes.append(
+                "manifests applied unchanged: the plugin sees the node's real /dev, "
+                "so identity faults (identity-missing, device-unusable) are not made"
+            )
         elif path == CDI_DYNAMIC_DIR:
             prop = _mount_of(container, vol["name"]).get("mountPropagation", "None")
             layout.cdi_propagates = prop in ("HostToContainer", "Bidirectional")
         elif path == DEVICE_PLUGINS_DIR:
             layout.sockets_volume = vol["name"]
-    if not layout.host_view_isolated:
+    if not layout.host_view_isolated and not layout.notes:
         layout.notes.append("no hostPath /dev host-device view found: identity faults unavailable")
     for obj in out:
         if obj.get("kind") != "DaemonSet":
@@ -241,7 +253,8 @@ def diagnostic_pod(name: str, ns: str, node: str, image: str) -> Obj:
                     "name": "diag",
                     "image": image,
                     "command": ["sleep", "86400"],
-                    "securityContext": {"privileged": True},
+                    # root whatever the image's USER: nsenter into the node needs it
+                    "securityContext": {"privileged": True, "runAsUser": 0},
                 }
             ],
         },

@@ -17,6 +17,9 @@ KUBERNETES_VERSION = "v1.37.2"
 STAGING_VERSION = "v0.37.2"  # the staging modules are tagged v0.<minor>.<patch> with the release
 ETCD_VERSION = "v3.7.3"
 CRICTL_VERSION = "v1.37.0"
+# ptp + host-local + loopback: pod networks for the cluster-mode nodes (`node-up --nodes N`)
+CNI_VERSION = "v1.10.0"
+CNI_PLUGINS = ("ptp", "host-local", "loopback")
 
 REPO = Path(__file__).resolve().parents[3]
 CACHE = Path("/var/cache/hv-node")  # build outputs; survives node-down

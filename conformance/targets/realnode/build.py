@@ -5,6 +5,8 @@
   staging modules pinned to the same release; `--pin` rewrites it from the release's go.mod).
 - etcd: the published go.etcd.io/etcd/server/v3 module (node/build/etcd).
 - crictl: `go install sigs.k8s.io/cri-tools/cmd/crictl@CRICTL_VERSION`.
+- cni: ptp, host-local and loopback from github.com/containernetworking/plugins@CNI_VERSION
+  into BIN/cni (pod networks of the cluster-mode nodes, `node-up --nodes N`).
 - pause: node/pause, a tiny static binary for the locally made sandbox image (see `image`).
 
 One package at a time (`go build -p 1`): other work shares this machine. A component is rebuilt
@@ -27,6 +29,8 @@ from pathlib import Path
 from conformance.targets.realnode import (
     BIN,
     CACHE,
+    CNI_PLUGINS,
+    CNI_VERSION,
     CRICTL_VERSION,
     ETCD_VERSION,
     KUBERNETES_VERSION,
@@ -37,7 +41,7 @@ from conformance.targets.realnode import (
 BUILD_MODULES = REPO / "node"
 STAMPS = CACHE / "stamps"
 KUBE_COMPONENTS = ("kubelet", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
-ALL_COMPONENTS = (*KUBE_COMPONENTS, "etcd", "crictl", "pause")
+ALL_COMPONENTS = (*KUBE_COMPONENTS, "etcd", "crictl", "pause", "cni")
 _STAGING = re.compile(r"^\s+(k8s\.io/[A-Za-z0-9_.-]+) => \./staging/", re.MULTILINE)
 
 
@@ -144,10 +148,13 @@ def _go(args: list[str], cwd: Path, log: Path, **extra_env: str) -> None:
 
 
 def build_one(name: str, *, force: bool = False) -> Built:
-    version = {"etcd": ETCD_VERSION, "crictl": CRICTL_VERSION, "pause": "local"}.get(
-        name, KUBERNETES_VERSION
-    )
-    binary = BIN / name
+    version = {
+        "etcd": ETCD_VERSION,
+        "crictl": CRICTL_VERSION,
+        "pause": "local",
+        "cni": CNI_VERSION,
+    }.get(name, KUBERNETES_VERSION)
+    binary = BIN / "cni" / CNI_PLUGINS[0] if name == "cni" else BIN / name
     if not force and binary.exists() and _stamp(name).get("version") == version:
         return Built(name, version, float(str(_stamp(name).get("seconds", 0.0))), cached=True)
     BIN.mkdir(parents=True, exist_ok=True)
@@ -177,14 +184,26 @@ def build_one(name: str, *, force: bool = False) -> Built:
             GOBIN=str(gobin),
         )
         shutil.copyfile(gobin / "crictl", tmp)
+    elif name == "cni":
+        gobin = CACHE / "gobin"
+        module = "github.com/containernetworking/plugins/plugins"
+        kinds = {"host-local": "ipam"}
+        pkgs = [f"{module}/{kinds.get(p, 'main')}/{p}@{CNI_VERSION}" for p in CNI_PLUGINS]
+        _go(["install", "-p", "1", "-ldflags", "-s -w", *pkgs], CACHE, log, GOBIN=str(gobin))
+        (BIN / "cni").mkdir(exist_ok=True)
+        for plugin in CNI_PLUGINS:
+            shutil.copyfile(gobin / plugin, BIN / "cni" / f".{plugin}.new")
+            (BIN / "cni" / f".{plugin}.new").chmod(0o755)
+            (BIN / "cni" / f".{plugin}.new").replace(BIN / "cni" / plugin)
     elif name == "pause":
         cwd = _workdir("pause")
         _go(["build", "-p", "1", "-ldflags", "-s -w", "-o", str(tmp), "."], cwd, log)
     else:
         raise ValueError(f"unknown component {name!r}")
     seconds = round(time.monotonic() - start, 1)
-    tmp.chmod(0o755)
-    tmp.replace(binary)
+    if name != "cni":  # the CNI plugins were put in place one by one above
+        tmp.chmod(0o755)
+        tmp.replace(binary)
     (STAMPS / f"{name}.json").write_text(json.dumps({"version": version, "seconds": seconds}))
     return Built(name, version, seconds, cached=False)
 

@@ -23,26 +23,34 @@ KUBELET_PORT = 20250
 NAMESPACE = "default"
 
 
-def containerd_config() -> str:
+def containerd_config(
+    *,
+    root: Path = STATE / "containerd",
+    state: Path = RUN / "containerd" / "state",
+    socket: Path = CONTAINERD_SOCKET,
+    cdi_dir: Path = CDI_DIR,
+    cni: Path = RUN / "cni",
+) -> str:
+    """The default node's containerd; a cluster-mode node (`nodes`) passes its own paths."""
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""version = 2
-root = "{STATE / "containerd"}"
-state = "{RUN / "containerd" / "state"}"
+root = "{root}"
+state = "{state}"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
   "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper"]
 [grpc]
-  address = "{CONTAINERD_SOCKET}"
+  address = "{socket}"
 [ttrpc]
-  address = "{CONTAINERD_SOCKET}.ttrpc"
+  address = "{socket}.ttrpc"
 [plugins."io.containerd.internal.v1.opt"]
-  path = "{STATE / "containerd" / "opt"}"
+  path = "{root / "opt"}"
 [{cri}]
   sandbox_image = "{PAUSE_IMAGE}"
   stream_server_address = "127.0.0.1"
   enable_cdi = true
   # This machine withholds CAP_SYS_RESOURCE: oom_score_adj cannot go below ours (pause wants -998).
   restrict_oom_score_adj = true
-  cdi_spec_dirs = ["{CDI_DIR}"]
+  cdi_spec_dirs = ["{cdi_dir}"]
   [{cri}.containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -51,19 +59,29 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       [{cri}.containerd.runtimes.runc.options]
         SystemdCgroup = false
   [{cri}.cni]
-    bin_dir = "{RUN / "cni" / "bin"}"
-    conf_dir = "{RUN / "cni" / "net.d"}"
+    bin_dir = "{cni / "bin"}"
+    conf_dir = "{cni / "net.d"}"
 """
 
 
-def kubelet_config() -> str:
+def kubelet_config(
+    *,
+    port: int = KUBELET_PORT,
+    healthz: int = KUBELET_HEALTHZ,
+    socket: Path = CONTAINERD_SOCKET,
+    static: Path = RUN / "manifests",
+    extra: str = "",
+) -> str:
+    """The default node's kubelet; cluster-mode nodes pass their own ports and runtime, and in
+    `extra` their cgroup root (two kubelets on one machine never share /kubepods) and serving
+    certificate (the API server verifies it for logs and exec)."""
     return f"""apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: 127.0.0.1
-port: {KUBELET_PORT}
+port: {port}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
-healthzPort: {KUBELET_HEALTHZ}
+healthzPort: {healthz}
 authentication:
   anonymous: {{enabled: false}}
   webhook: {{enabled: false}}
@@ -72,8 +90,8 @@ authorization: {{mode: AlwaysAllow}}
 cgroupDriver: cgroupfs
 failCgroupV1: false
 failSwapOn: false
-containerRuntimeEndpoint: unix://{CONTAINERD_SOCKET}
-staticPodPath: {RUN / "manifests"}
+containerRuntimeEndpoint: unix://{socket}
+staticPodPath: {static}
 fileCheckFrequency: 1s
 syncFrequency: 5s
 nodeStatusUpdateFrequency: 1s
@@ -84,7 +102,7 @@ imageGCLowThresholdPercent: 99
 resolvConf: ""
 serializeImagePulls: false
 makeIPTablesUtilChains: false
-"""
+{extra}"""
 
 
 def workload_pod(name: str, resource: str, command: list[str], state: Path) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from conformance.targets.realnode import (
     NODE_NAME,
     RUN,
     STATE,
+    nodes,
     procs,
 )
 from conformance.targets.realnode.configs import (
@@ -228,6 +229,29 @@ def up(*, standalone: bool = False, plugin: list[str] | None = None) -> Api | No
     return api
 
 
+def up_nodes(count: int) -> Api:
+    """Cluster mode: the control plane, then `count` kubelets each in a node of its own (nodes)."""
+    if not 1 <= count <= nodes.MAX_NODES:
+        raise RuntimeError(f"--nodes must be 1..{nodes.MAX_NODES}, got {count}")
+    if missing := nodes.has_tools():
+        raise RuntimeError(f"not built or not installed: {', '.join(missing)} (nox -s node-build)")
+    alive = [n for n in (*ORDER, "containerd") if (p := procs.recorded(n)) and p.alive]
+    if alive or nodes.recorded_nodes():
+        raise RuntimeError("node already up: run node-down first")
+    for root in ROOTS:
+        root.mkdir(parents=True, exist_ok=True)
+    (RUN / "log-dirs-made").write_text("\n".join(str(d) for d in LOG_DIRS if not d.exists()) + "\n")
+    nodes.NODES_RUN.mkdir(parents=True, exist_ok=True)
+    nodes.prepare_host()
+    api = _start_control_plane()
+    chosen = nodes.layouts(count)
+    for node in chosen:
+        nodes.start_node(node)
+    kubeconfig(PKI, "admin", nodes.ADMIN_KUBECONFIG)
+    nodes.wait_nodes_ready(api, chosen)
+    return api
+
+
 def _mounts_under(roots: tuple[Path, ...]) -> list[str]:
     found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
@@ -253,6 +277,7 @@ def _rm_cgroup(path: Path) -> None:
 
 def down() -> list[str]:
     """Stop and remove everything node-up made; returns what could not be removed."""
+    nodes.stop_nodes()  # cluster-mode nodes first: each removes its own pods
     for name in ORDER[:2]:
         if (p := procs.recorded(name)) is not None:
             p.stop()
@@ -272,6 +297,7 @@ def down() -> list[str]:
     made = (RUN / "log-dirs-made").read_text().split() if (RUN / "log-dirs-made").exists() else []
     for d in made:
         shutil.rmtree(d, ignore_errors=True)
+    nodes.remove_host_leftovers()
     for root in ROOTS:
         shutil.rmtree(root, ignore_errors=True)
     for cg in _kubepods_cgroups():
@@ -320,7 +346,7 @@ def verify_down() -> list[str]:
     left += [f"directory {r}" for r in ROOTS if r.exists()]
     left += [f"cgroup {c}" for c in _kubepods_cgroups()]
     left += [f"{tool} -t {table} chain {chain}" for tool, table, chain in _iptables_leftovers()]
-    return left
+    return left + nodes.leftovers()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,13 +354,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("up", "down", "verify-down"))
     parser.add_argument("--standalone", action="store_true", help="kubelet without an API server")
     parser.add_argument("--plugin", action="store_true", help="also run the plugin (host process)")
+    parser.add_argument(
+        "--nodes", type=int, default=0, help="cluster mode: this many nodes of their own (1..8)"
+    )
     args = parser.parse_args(argv)
     start = time.monotonic()
     if args.action == "up":
         try:
-            api = up(
-                standalone=args.standalone,
-                plugin=[sys.executable, "-m", "plugin"] if args.plugin else None,
+            api = (
+                up_nodes(args.nodes)
+                if args.nodes
+                else up(
+                    standalone=args.standalone,
+                    plugin=[sys.executable, "-m", "plugin"] if args.plugin else None,
+                )
             )
         except (RuntimeError, subprocess.CalledProcessError) as exc:
             print(f"node-up: FAILED: {exc}", file=sys.stderr)
@@ -343,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"node-up: rolled back ({left or 'clean'})", file=sys.stderr)
             return 1
         mode = "standalone kubelet" if api is None else f"API server https://127.0.0.1:{API_PORT}"
+        if args.nodes:
+            names = ", ".join(n.name for n in nodes.layouts(args.nodes))
+            mode += f"; nodes {names}; kubeconfig {nodes.ADMIN_KUBECONFIG}"
         print(
             f"node-up: {NODE_NAME} up in {time.monotonic() - start:.1f}s ({mode}); logs in {procs.LOGS}"
         )

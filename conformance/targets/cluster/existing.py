@@ -1,0 +1,190 @@
+"""The existing-cluster target: `hvconform run --target cluster --kubeconfig FILE --node NAME`.
+
+The cluster is the caller's: it is never created nor deleted. The run puts there only its own
+namespaces, the plugin's two DaemonSets (the manifests exactly as `hvconform manifests` prints
+them: the text applied is kept as manifests.yaml in the run's cluster dir), its workload pods,
+the diagnostic pod (`--node-access pod`, as on AKS) and a state directory on the node; cleanup
+removes all of it and verifies each is gone. Node access: `pod` (privileged hostPID pod,
+`nsenter -t 1`) or `direct` (the node runs on this machine). kind and AKS are this target plus
+their own create and delete steps (`cluster_steps`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from conformance.contract.results import EnvironmentBlocked
+from conformance.targets.cluster.access import (
+    STATE_DIR,
+    DirectAccess,
+    NodeAccess,
+    pod_exec_text,
+)
+from conformance.targets.cluster.diag import DiagPods, diag_namespace, diag_steps
+from conformance.targets.cluster.kube import KubeApi, Obj
+from conformance.targets.cluster.lifecycle import Action
+from conformance.targets.cluster.node import ClusterNode
+from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
+from conformance.targets.cluster.run import RESTORE, ClusterLifecycle, open_cluster
+from conformance.targets.cluster.workloads import Layout, prepare
+from plugin.api.names import HYPERVISOR_RESOURCE
+
+MANIFESTS_FILE = "manifests.yaml"  # the exact text applied, next to the cluster report
+STATE_GONE = f'[ ! -e {STATE_DIR} ] && [ ! -L {STATE_DIR} ] && echo gone || echo "present"'
+
+
+def rendered_text(options: ClusterOptions) -> str:
+    """What `hvconform manifests` prints for this run's target, image and namespace."""
+    manifests = importlib.import_module("conformance.manifests")
+    text: str = manifests.render_manifests(
+        options.manifest_target, image=options.image, namespace=options.plugin_namespace
+    )
+    return text
+
+
+def parse(text: str) -> list[Obj]:
+    return [doc for doc in yaml.safe_load_all(text) if isinstance(doc, dict)]
+
+
+def cluster_steps(
+    shared: dict[str, Step], diag: dict[str, Step] | None, *, verify_objects: bool = True
+) -> list[Step]:
+    """The existing-cluster target's steps in order; kind puts its own around them (and when
+    it deletes the cluster, nothing is left to ask for the objects)."""
+    pod = list(diag.values())[:1] if diag else []
+    return [
+        shared["namespaces"],
+        shared["dry-run"],
+        *pod,
+        shared["node-check"],
+        shared["node-prepare"],
+        shared["apply"],
+        shared["rollout"],
+        shared["baseline"],
+        shared["workloads"],
+        shared["delete-plugin"],
+        shared["node-restore"],
+        *([diag["diag-delete"]] if diag else []),
+        shared["delete-objects"],
+        *([shared["verify-objects"]] if verify_objects else []),
+        *([diag["verify-diag-gone"]] if diag else []),
+    ]
+
+
+class ExistingLifecycle(ClusterLifecycle):
+    name = "cluster"
+
+    def __init__(
+        self, options: ClusterOptions, objects: list[Obj] | None = None, **kw: Any
+    ) -> None:
+        self.text = rendered_text(options) if objects is None else ""
+        node_name = options.nodes[0] if options.nodes else ""
+        if "api_factory" not in kw:
+            kw["api_factory"] = lambda path: KubeApi(path, context=options.context)
+        super().__init__(options, parse(self.text) if objects is None else objects, **kw)
+        self.kubeconfig = options.kubeconfig  # the caller's: read, never written nor removed
+        self.node_name = node_name
+        self.diag = DiagPods(self.api, options, self.report)
+        self._access: NodeAccess | None = None
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def prepare(self, rendered: list[Obj]) -> tuple[list[Obj], Layout]:
+        return prepare(rendered, isolate_host_view=False)
+
+    def extra_namespaces(self) -> list[Obj]:
+        return [diag_namespace(self.options)] if self.options.node_access == "pod" else []
+
+    def access(self) -> NodeAccess:
+        if self._access is None:
+            if self.options.node_access != "direct":
+                raise RuntimeError("node access through the diagnostic pod before it exists")
+            self._access = DirectAccess(self.node_name, self.runner)
+        return self._access
+
+    def node_cmd(self, argv: list[str]) -> str:
+        if self.options.node_access == "pod":
+            return pod_exec_text(self.diag.name(self.node_name), argv)
+        return DirectAccess(self.node_name or "<node>").wrap(argv)
+
+    def steps(self) -> list[Step]:
+        o = self.options
+        where = self.node_name or "the node"
+        diag = diag_steps(o, where, f"node {where}") if o.node_access == "pod" else None
+        check = Step(
+            "cluster-check",
+            "setup",
+            f"the caller's cluster ({Path(o.kubeconfig).name}"
+            f"{', context ' + o.context if o.context else ''}):"
+            f" server version, node {where} Ready (never created, never deleted)",
+            api=("GET /version", f"GET /api/v1/nodes/{where}"),
+        )
+        return [check, *cluster_steps(self.shared_steps(), diag)]
+
+    def actions(self) -> dict[str, Action]:
+        return {
+            **super().actions(),
+            "cluster-check": lambda s: self._check_cluster(),
+            "diag-pod": lambda s: self._create_diag(),
+            "diag-delete": lambda s: self.diag.delete(),
+            "verify-diag-gone": lambda s: self.diag.verify(),
+            "node-restore": lambda s: self._restore_node(),
+        }
+
+    # -- actions --------------------------------------------------------------------------
+
+    def _check_cluster(self) -> None:
+        if self.text:
+            out = self.workdir / MANIFESTS_FILE
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(self.text)
+        node = self.api().get("v1", "Node", self.node_name)
+        if node is None:
+            raise EnvironmentBlocked(f"the cluster has no node {self.node_name!r}")
+        conds = node.get("status", {}).get("conditions", [])
+        if not any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+            raise EnvironmentBlocked(f"node {self.node_name} is not Ready")
+        self.report.environment["cluster_kubeconfig"] = self.options.kubeconfig
+        self.report.environment["node_access"] = self.options.node_access
+
+    def _create_diag(self) -> None:
+        self._access = self.diag.create(self.node_name)
+
+    def _restore_node(self) -> None:
+        self.node_sh(RESTORE)
+        seen = self.access().run(["sh", "-c", STATE_GONE]).stdout.decode().strip()
+        self.report.verify("node state dir removed", seen == "gone", f"{STATE_DIR}: {seen}")
+
+
+def kvm_nodes(api: KubeApi) -> list[str]:
+    """Every node the KVM manifests select (the hypervisor label), for --all-nodes."""
+    nodes = api.list_objects("v1", "Node", labels=f"{HYPERVISOR_RESOURCE}=kvm")
+    return sorted(str(n["metadata"]["name"]) for n in nodes)
+
+
+def build_plan(options: ClusterOptions, objects: list[Obj] | None = None) -> list[Step]:
+    """The existing-cluster plan; builds the lifecycle without running anything."""
+    return ExistingLifecycle(options, objects).steps()
+
+
+def plan_text(options: ClusterOptions) -> str:
+    """What `--dry-run` prints for the cluster target."""
+    where = ", ".join(options.nodes) or "every KVM node"
+    title = f"hvconform plan: existing cluster, {where}, {options.node_access} node access"
+    return render_plan(build_plan(options), f"{title}, image {options.image}")
+
+
+@contextlib.contextmanager
+def open_node(
+    *, out_dir: Path, worker: str, plugin: object, metadata: object | None = None
+) -> Iterator[ClusterNode]:
+    """The registry's entry: the plugin deployed on the caller's cluster, one node of it."""
+    options = ClusterOptions.from_env().with_(target="cluster").validate()
+    with open_cluster(ExistingLifecycle(options, None), out_dir=out_dir) as node:
+        yield node
