@@ -32,9 +32,9 @@ COLOURS = {
 
 def _nice_max(value: float) -> float:
     """The smallest 1/2/5 x 10^n not below value, so axis ticks land on round numbers."""
-    if value <= 0:
+    if not math.isfinite(value) or value <= 0:
         return 1.0
-    base = 10 ** math.floor(math.log10(value))
+    base = 10.0 ** math.floor(math.log10(value))  # a float: 1e308 must not become a huge int
     for step in (1, 2, 5, 10):
         if step * base >= value:
             return float(step * base)

