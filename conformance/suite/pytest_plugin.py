@@ -353,7 +353,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             "finished_at": environment.iso(finished),
             "duration_s": round(finished - run["started"], 3),
             "exit_code": int(session.exitstatus),
-            "plugin_cmd": config.getoption("--plugin-cmd") or "hv-device-plugin (this repository)",
+            "plugin_cmd": config.getoption("--plugin-cmd")
+            or plugin_under_test(config).summary()["command"],
             "plugin": plugin_under_test(config).summary(),
             "markexpr": config.getoption("-m") or "",
             "counts": counts,
