@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -111,6 +112,39 @@ class _Signals:
             raise Terminated(f"signal {held} (held during cleanup)")
 
 
+# Long cluster steps (`az aks nodepool add`, `kind create cluster`) print nothing for minutes:
+# every step says when it starts, every HEARTBEAT_S that it still runs, and how it ended.
+HEARTBEAT_S = 30.0
+
+
+@contextlib.contextmanager
+def progress(what: str, out: Callable[[str], None] | None = None) -> Iterator[None]:
+    def say(text: str) -> None:
+        print(f"hvconform: {what}: {text}", file=sys.stderr, flush=True)
+
+    emit = out or say
+    t0 = time.monotonic()
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_S):
+            emit(f"still running ({time.monotonic() - t0:.0f} s)")
+
+    emit("started")
+    ticker = threading.Thread(target=beat, name=f"progress {what}", daemon=True)
+    ticker.start()
+    try:
+        yield
+    except BaseException:
+        emit(f"failed after {time.monotonic() - t0:.1f} s")
+        raise
+    else:
+        emit(f"done in {time.monotonic() - t0:.1f} s")
+    finally:
+        done.set()
+        ticker.join()
+
+
 class Runbook:
     """Executes one plan. `actions` maps step ids to code; a step with only argv just runs it."""
 
@@ -130,13 +164,14 @@ class Runbook:
         self.signals = _Signals()
 
     def _execute(self, step: Step) -> None:
-        action = self.actions.get(step.id)
-        if action is not None:
-            action(step)
-        elif step.argv:
-            self.run_argv(list(step.argv))
-        else:
-            raise RuntimeError(f"step {step.id} has neither an action nor a command")
+        with progress(f"[{step.phase}] {step.id}"):
+            action = self.actions.get(step.id)
+            if action is not None:
+                action(step)
+            elif step.argv:
+                self.run_argv(list(step.argv))
+            else:
+                raise RuntimeError(f"step {step.id} has neither an action nor a command")
 
     def _record(self, step: Step, t0: float, error: BaseException | None) -> None:
         text = "" if error is None else f"{type(error).__name__}: {error}"
