@@ -256,5 +256,5 @@ def conformance_cluster(session: nox.Session) -> None:
 
 @nox.session(name="fixture-plugins", python=PYTHON)
 def fixture_plugins(session: nox.Session) -> None:
-    """Build the Go fixture plugin (fixtures/plugins/go-kvm/bin/go-kvm); cached by content hash."""
+    """Build the Go fixture plugins (fixtures/plugins/{go-kvm,go-devspec}/bin/); cached by hash."""
     session.run("python", "-m", "tests.fixture_plugins")

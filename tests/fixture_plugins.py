@@ -21,6 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 GO_KVM_DIR = REPO / "fixtures" / "plugins" / "go-kvm"
 GO_KVM_NAME = "go-kvm"
+GO_DEVSPEC_DIR = REPO / "fixtures" / "plugins" / "go-devspec"
+GO_DEVSPEC_NAME = "go-devspec"
 
 
 class FixtureBuildError(RuntimeError):
@@ -31,7 +33,7 @@ def _go() -> str:
     go = shutil.which("go")
     if go is None:
         raise FixtureBuildError(
-            "building the go-kvm fixture plugin needs the Go toolchain: no `go` on PATH "
+            "building the Go fixture plugins needs the Go toolchain: no `go` on PATH "
             "(install Go >= 1.26, as scripts/bootstrap does)"
         )
     return go
@@ -88,9 +90,15 @@ def build_go_kvm() -> Path:
     return _build(GO_KVM_DIR, GO_KVM_NAME)
 
 
+def build_go_devspec() -> Path:
+    """The go-devspec fixture binary (DeviceSpec answers, no CDI, no health), built like go-kvm."""
+    return _build(GO_DEVSPEC_DIR, GO_DEVSPEC_NAME)
+
+
 def main() -> int:
     try:
         print(build_go_kvm())
+        print(build_go_devspec())
     except FixtureBuildError as exc:
         print(f"fixture-plugins: {exc}", file=sys.stderr)
         return 2

@@ -45,11 +45,21 @@ class FileInfo:
     rdev_minor: int = 0
 
 
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One DeviceSpec of an Allocate answer: the runtime makes host_path's node at container_path."""
+
+    container_path: str
+    host_path: str
+    permissions: str = ""  # cgroup access: any of "r", "w", "m"
+
+
 @dataclass
 class Allocation:
     ok: bool
     device_ids: list[str] = field(default_factory=list)
     cdi_devices: list[str] = field(default_factory=list)
+    device_specs: list[DeviceSpec] = field(default_factory=list)
     envs: dict[str, str] = field(default_factory=dict)
     phase: str = ""  # "Failed" when admission failed
     reason: str = ""  # e.g. UnexpectedAdmissionError

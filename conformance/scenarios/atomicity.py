@@ -6,13 +6,14 @@ import time
 
 from conformance.contract.node import CAP_READ_STORM, Node, require
 from conformance.contract.results import Recorder
-from conformance.scenarios.common import fresh_guest, wait_ready, wait_spec_desired
+from conformance.scenarios.common import fresh_guest, require_spec, wait_ready, wait_spec_desired
 
 CYCLES = 30
 
 
 def atomic_replacement(node: Node, rec: Recorder) -> None:
     require(node, CAP_READ_STORM)
+    require_spec(node)
     wait_ready(node, rec, "before storm")
     desired = node.baseline_spec
     stale = desired.replace(b"65534", b"65533") if b"65534" in desired else desired + b"\n"

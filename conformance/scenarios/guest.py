@@ -14,7 +14,9 @@ def guest_execution(node: Node, rec: Recorder) -> None:
     for i in range(RUNS):
         allocation = node.allocate()
         assert allocation.ok, f"allocation {i} refused: {allocation.reason} {allocation.message}"
-        assert allocation.cdi_devices, "allocation carries no CDI device"
+        assert allocation.cdi_devices or allocation.device_specs, (
+            "allocation carries no device: neither a CDI device nor a DeviceSpec"
+        )
         try:
             outcome = node.run_guest(allocation)
         finally:
@@ -22,5 +24,8 @@ def guest_execution(node: Node, rec: Recorder) -> None:
         assert outcome.ok, f"guest run {i} failed: {outcome.detail}"
         values.append(outcome.value)
     rec.metric("runs", RUNS)
-    rec.metric("cdi_device", ",".join(allocation.cdi_devices))
+    if allocation.cdi_devices:
+        rec.metric("cdi_device", ",".join(allocation.cdi_devices))
+    if allocation.device_specs:  # what a runtime made from a DeviceSpec answer
+        rec.metric("device_spec", ",".join(d.container_path for d in allocation.device_specs))
     rec.note(f"guest values: {values}")

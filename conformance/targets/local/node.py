@@ -39,6 +39,7 @@ from conformance.contract.node import (
     CAP_READINESS,
     CAP_SOCKET_REDIRECT,
     Allocation,
+    DeviceSpec,
     GuestOutcome,
 )
 from conformance.contract.plugin import PluginUnderTest, Probe
@@ -170,6 +171,7 @@ class LocalNode(BaselineRestore, LocalFaults):
             )
             info = self.stat("cdi", self.spec_name)
             self.baseline_mode = info.mode if info is not None else 0
+        if allocation.cdi_devices or allocation.device_specs:  # the runtime injects either
             self.session_guest = self.start_long_guest(allocation)
         else:
             self.release(allocation)
@@ -329,10 +331,12 @@ class LocalNode(BaselineRestore, LocalFaults):
     def allocate(self) -> Allocation:
         outcome = self._kubelet().allocate(self.resource, 1)
         response = outcome.response
+        devs = response.devices if response else []
         allocation = Allocation(
             ok=outcome.ok,
             device_ids=list(outcome.device_ids),
             cdi_devices=[d.name for d in response.cdi_devices] if response else [],
+            device_specs=[DeviceSpec(d.container_path, d.host_path, d.permissions) for d in devs],
             envs=dict(response.envs) if response else {},
             phase=outcome.phase,
             reason=outcome.reason,
@@ -349,7 +353,9 @@ class LocalNode(BaselineRestore, LocalFaults):
             self._kubelet().release(record)
 
     def _device_in_workload(self, allocation: Allocation) -> str:
-        """Where the runtime puts the hypervisor node, as the allocation's CDI spec says."""
+        """Where the runtime puts the hypervisor node: as the CDI spec says, else the DeviceSpec."""
+        if not allocation.cdi_devices:
+            return allocation.device_specs[0].container_path
         resolved = resolve(allocation.cdi_devices[0], [str(self.dirs["cdi"])])
         return resolved.node_paths[0]
 
@@ -368,6 +374,7 @@ class LocalNode(BaselineRestore, LocalFaults):
             env={**allocation.envs, **env},
             timeout=60,
             ledger=self.ledger,
+            device_specs=allocation.device_specs,
         )
         lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
         value = json.loads(lines[-1]).get("value") if lines else None
@@ -392,6 +399,7 @@ class LocalNode(BaselineRestore, LocalFaults):
             argv,
             env={**allocation.envs, **env},
             ledger=self.ledger,
+            device_specs=allocation.device_specs,
         )
         self._guests[handle] = proc
         return handle

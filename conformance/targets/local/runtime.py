@@ -10,6 +10,10 @@
    absent, from lstat of the host path (hostPath, else path), as the CDI library fills them in;
    uid/gid from the spec (absent: 0); mode = fileMode, else from permissions (r 0444, w 0222,
    rw or empty 0666: podman 4.3 made `crw-rw-rw-` for `rw`, see docs cdi.md).
+   An Allocate answer's DeviceSpecs (`device_specs`) are made the same way: host_path's type and
+   numbers from lstat, at container_path, owner 0, mode from permissions as above ("rw": 0666,
+   standing in for the cgroup rule a runtime derives from them; the host's own 0600 root:root
+   node, bound as is, would be closed to the unprivileged workload).
 3. Environment: PATH and HOME, then the devices' env edits in name order, then the caller's.
 4. uid/gid switch with no supplementary groups, every capability set empty and no_new_privs
    (runAsUser, drop ALL, allowPrivilegeEscalation: false), verified, then exec.
@@ -35,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from conformance.contract.ledger import Ledger
+from conformance.contract.node import DeviceSpec
 from conformance.guest.cdi_resolve import CDIRegistry, DeviceNode, ResolvedDevice
 from conformance.guest.privileges import NOBODY
 from conformance.targets.local.launcher import LAUNCHER, NodeSpec
@@ -90,6 +95,24 @@ def node_spec(node: DeviceNode) -> NodeSpec:
     return NodeSpec(node.path, kind, major, minor, node_mode(node), uid, gid)
 
 
+def device_spec_node(spec: DeviceSpec) -> NodeSpec:
+    """The node a runtime makes for one DeviceSpec: the host node's kind and numbers, at
+    container_path (a runtime fails container creation when host_path is no device)."""
+    try:
+        st = os.lstat(spec.host_path)
+    except OSError as exc:
+        raise WorkloadStartError(
+            125, f"failed to stat DeviceSpec host path {spec.host_path!r}: {exc.strerror}"
+        ) from exc
+    kind = _HOST_TYPES.get(stat.S_IFMT(st.st_mode))
+    if kind not in ("c", "b"):
+        raise WorkloadStartError(125, f"DeviceSpec host path {spec.host_path!r} is no device node")
+    mode = node_mode(DeviceNode(spec.container_path, permissions=spec.permissions))
+    return NodeSpec(
+        spec.container_path, kind, os.major(st.st_rdev), os.minor(st.st_rdev), mode, 0, 0
+    )
+
+
 def workload_env(
     devices: Sequence[ResolvedDevice], env: Mapping[str, str] | None
 ) -> dict[str, str]:
@@ -109,6 +132,7 @@ def launcher_argv(
     gid: int,
     network: str = "none",
     exec_fd: int | None = None,
+    spec_nodes: Sequence[NodeSpec] = (),
 ) -> list[str]:
     """The launcher command that runs argv as the runtime would."""
     if network not in ("none", "host"):
@@ -118,6 +142,7 @@ def launcher_argv(
         cmd.append("--unshare-net")
     for device in devices:
         cmd += [f"--mknod={node_spec(node).to_arg()}" for node in device.device_nodes]
+    cmd += [f"--mknod={node.to_arg()}" for node in spec_nodes]
     cmd += [f"--user={uid}:{gid}", "--drop-caps", "--no-new-privs"]
     if exec_fd is not None:
         cmd.append(f"--exec-fd={exec_fd}")
@@ -135,12 +160,19 @@ def _launch(
     network: str,
     ledger: Ledger | None,
     popen_kw: dict[str, Any],
+    device_specs: Sequence[DeviceSpec] = (),
 ) -> subprocess.Popen[Any]:
     # Raises UnresolvableCDIDevice, with exactly the runtime's message, before anything starts.
     devices = CDIRegistry([os.fspath(d) for d in spec_dirs]).resolve_all(list(cdi_names))
+    # A CDI edit of the same path replaces the DeviceSpec's node, as CDI injection does in a runtime.
+    cdi_paths = {node.path for device in devices for node in device.device_nodes}
+    spec_nodes = [device_spec_node(s) for s in device_specs if s.container_path not in cdi_paths]
     read_fd, write_fd = os.pipe()
     try:
-        cmd = launcher_argv(devices, argv, uid=uid, gid=gid, network=network, exec_fd=write_fd)
+        cmd = launcher_argv(
+            devices, argv, uid=uid, gid=gid, network=network, exec_fd=write_fd,
+            spec_nodes=spec_nodes,
+        )  # fmt: skip
         proc: subprocess.Popen[Any] = subprocess.Popen(
             cmd, env=workload_env(devices, env), cwd="/", pass_fds=(write_fd,),
             start_new_session=True, **popen_kw,
@@ -176,6 +208,7 @@ def run_workload(
     timeout: float = 60.0,
     network: str = "none",
     ledger: Ledger | None = None,
+    device_specs: Sequence[DeviceSpec] = (),
 ) -> subprocess.CompletedProcess[str]:
     """Run argv to completion in a container-like sandbox; output captured as text.
 
@@ -184,6 +217,7 @@ def run_workload(
     """
     proc = _launch(
         cdi_names, spec_dirs, argv, uid=uid, gid=gid, env=env, network=network, ledger=ledger,
+        device_specs=device_specs,
         popen_kw={"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE,
                   "stderr": subprocess.PIPE, "text": True},
     )  # fmt: skip
@@ -208,6 +242,7 @@ def start_workload(
     stdout: int | IO[Any] | None = subprocess.DEVNULL,
     stderr: int | IO[Any] | None = subprocess.DEVNULL,
     ledger: Ledger | None = None,
+    device_specs: Sequence[DeviceSpec] = (),
 ) -> subprocess.Popen[bytes]:
     """Start a long-running workload; returns once argv has been exec'ed (pid = workload).
 
@@ -215,6 +250,7 @@ def start_workload(
     """
     return _launch(
         cdi_names, spec_dirs, argv, uid=uid, gid=gid, env=env, network=network, ledger=ledger,
+        device_specs=device_specs,
         popen_kw={"stdin": subprocess.DEVNULL, "stdout": stdout, "stderr": stderr},
     )  # fmt: skip
 
