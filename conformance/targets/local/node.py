@@ -11,7 +11,6 @@ they would through a hostPath, while faults inside the plugin's namespace stay t
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -38,22 +37,18 @@ from conformance.contract.node import (
     CAP_READ_STORM,
     CAP_READINESS,
     CAP_SOCKET_REDIRECT,
-    Allocation,
-    DeviceSpec,
-    GuestOutcome,
 )
 from conformance.contract.plugin import PluginUnderTest, Probe
 from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.wait import wait_for
-from conformance.guest.cdi_resolve import resolve
 from conformance.kubelet import ThreadedKubeletEmulator
 from conformance.targets.local.baseline import BaselineRestore, discover_spec
 from conformance.targets.local.faults import LocalFaults
 from conformance.targets.local.hostfiles import device_metadata, mount, umount
 from conformance.targets.local.netns import free_index
 from conformance.targets.local.observe import Observer
-from conformance.targets.local.runtime import guest_command, run_workload, start_workload
 from conformance.targets.local.sandbox import PluginSandbox
+from conformance.targets.local.workloads import LocalWorkloads
 from plugin.api.wire import KUBELET_SOCKET
 
 HEALTH_PORT = 8080
@@ -94,7 +89,7 @@ def _capabilities(plugin: PluginUnderTest) -> frozenset[str]:
     return BASE_CAPABILITIES | observed
 
 
-class LocalNode(BaselineRestore, LocalFaults):
+class LocalNode(BaselineRestore, LocalFaults, LocalWorkloads):
     name = "local"
 
     def __init__(self, *, out_dir: Path, worker: str, plugin: PluginUnderTest) -> None:
@@ -325,92 +320,6 @@ class LocalNode(BaselineRestore, LocalFaults):
 
     def allocatable(self) -> int:
         return self._kubelet().allocatable(self.resource)
-
-    # -- workloads ------------------------------------------------------------------------
-
-    def allocate(self) -> Allocation:
-        outcome = self._kubelet().allocate(self.resource, 1)
-        response = outcome.response
-        devs = response.devices if response else []
-        allocation = Allocation(
-            ok=outcome.ok,
-            device_ids=list(outcome.device_ids),
-            cdi_devices=[d.name for d in response.cdi_devices] if response else [],
-            device_specs=[DeviceSpec(d.container_path, d.host_path, d.permissions) for d in devs],
-            envs=dict(response.envs) if response else {},
-            phase=outcome.phase,
-            reason=outcome.reason,
-            message=outcome.message,
-            preferred=None if outcome.preferred is None else list(outcome.preferred),
-        )
-        if outcome.allocation is not None:
-            self._allocations[id(allocation)] = outcome.allocation
-        return allocation
-
-    def release(self, allocation: Allocation) -> None:
-        record = self._allocations.pop(id(allocation), None)
-        if record is not None:
-            self._kubelet().release(record)
-
-    def _device_in_workload(self, allocation: Allocation) -> str:
-        """Where the runtime puts the hypervisor node: as the CDI spec says, else the DeviceSpec."""
-        if not allocation.cdi_devices:
-            return allocation.device_specs[0].container_path
-        resolved = resolve(allocation.cdi_devices[0], [str(self.dirs["cdi"])])
-        return resolved.node_paths[0]
-
-    def run_guest(self, allocation: Allocation) -> GuestOutcome:
-        # Different inputs every run: equal outputs could not come from a cached answer.
-        self._guest_runs += 1
-        a, b = 7 + self._guest_runs, 3 * self._guest_runs
-        # The device where the runtime put it, from the CDI spec: what any plugin's workload
-        # would be told by its own image, never a variable only one plugin sets.
-        device = self._device_in_workload(allocation)
-        argv, env = guest_command("run", "--json", "--device", device, "--a", str(a), "--b", str(b))
-        proc = run_workload(
-            allocation.cdi_devices,
-            [self.dirs["cdi"]],
-            argv,
-            env={**allocation.envs, **env},
-            timeout=60,
-            ledger=self.ledger,
-            device_specs=allocation.device_specs,
-        )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
-        value = json.loads(lines[-1]).get("value") if lines else None
-        detail = (proc.stdout + proc.stderr).strip()[-600:]
-        return GuestOutcome(ok=proc.returncode == 0, detail=detail, value=value)
-
-    def start_long_guest(self, allocation: Allocation) -> str:
-        handle = f"guest-{len(self._guests)}"
-        state = self.guest_dir / f"{handle}.json"
-        argv, env = guest_command(
-            "counter",
-            "--device",
-            self._device_in_workload(allocation),
-            "--state-file",
-            str(state),
-            "--interval",
-            "0.05",
-        )
-        proc = start_workload(
-            allocation.cdi_devices,
-            [self.dirs["cdi"]],
-            argv,
-            env={**allocation.envs, **env},
-            ledger=self.ledger,
-            device_specs=allocation.device_specs,
-        )
-        self._guests[handle] = proc
-        return handle
-
-    def long_guest_counter(self, handle: str) -> int:
-        proc = self._guests[handle]
-        assert proc.poll() is None, f"long-running guest {handle} exited {proc.returncode}"
-        try:
-            return int(json.loads((self.guest_dir / f"{handle}.json").read_text())["counter"])
-        except (OSError, ValueError, KeyError):
-            return 0
 
 
 def _net_index(worker: str) -> int:
