@@ -50,6 +50,8 @@ SCRIPTS = {
     "stat": '[ -e "$1" ] || [ -L "$1" ] || exit 3; stat -c "%F|%a|%u|%g|%t|%T" "$1"',
     "remove": 'rm -f "$1"',
     "mkdir": 'mkdir "$1" 2>/dev/null && exit 0; { [ -e "$1" ] || [ -L "$1" ]; } && exit 17; exit 1',
+    "replace-dir": '{ [ -d "$1" ] && [ ! -L "$1" ]; } && exit 17; rm -f "$1"; '
+    'mkdir "$1" 2>/dev/null && exit 0; { [ -e "$1" ] || [ -L "$1" ]; } && exit 17; exit 1',
     "rmdir": 'rmdir "$1"',
     "list": 'ls -A1 "$1"',
     "mknod": 'mknod -m 0600 "$1" c "$2" "$3"',
@@ -137,7 +139,12 @@ class PodExecAccess:
         self.pod = pod
 
     def run(self, argv: list[str], timeout: float = 60) -> ExecResult:
-        return self.api.exec(self.namespace, self.pod, [*NSENTER, *argv], timeout=timeout)
+        try:
+            return self.api.exec(self.namespace, self.pod, [*NSENTER, *argv], timeout=timeout)
+        except (TimeoutError, NodeAccessError):
+            raise
+        except Exception as exc:  # the exec rides on the kubelet: down while it restarts
+            raise NodeAccessError(f"exec in {self.where}: {type(exc).__name__}: {exc}") from exc
 
     def wrap(self, argv: list[str]) -> str:
         return pod_exec_text(self.pod, argv)
@@ -285,8 +292,10 @@ class NodeFiles:
     def remove(self, area: Area, name: str) -> None:
         self.sh("remove", self._path(area, name))
 
-    def make_dir(self, area: Area, name: str) -> None:
-        if self.sh("mkdir", self._path(area, name), ok=(0, EXISTS)).rc == EXISTS:
+    def make_dir(self, area: Area, name: str, *, replace: bool = False) -> None:
+        """mkdir; `replace`: remove a file there first, in the same node command."""
+        script = "replace-dir" if replace else "mkdir"
+        if self.sh(script, self._path(area, name), ok=(0, EXISTS)).rc == EXISTS:
             raise FileExistsError(self._path(area, name))
 
     def remove_dir(self, area: Area, name: str) -> None:

@@ -15,7 +15,7 @@ import contextlib
 import importlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -24,19 +24,48 @@ from conformance.targets.cluster.access import (
     STATE_DIR,
     DirectAccess,
     NodeAccess,
+    local_kubelet,
     pod_exec_text,
 )
-from conformance.targets.cluster.diag import DiagPods, diag_namespace, diag_steps
+from conformance.targets.cluster.diag import DIAG_NAME, DiagPods, diag_namespace, diag_steps
 from conformance.targets.cluster.kube import KubeApi, Obj
 from conformance.targets.cluster.lifecycle import Action
 from conformance.targets.cluster.node import ClusterNode
 from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
 from conformance.targets.cluster.run import RESTORE, ClusterLifecycle, open_cluster
-from conformance.targets.cluster.workloads import Layout, prepare
+from conformance.targets.cluster.workloads import Layout, diagnostic_pod, prepare
 from plugin.api.names import HYPERVISOR_RESOURCE
 
 MANIFESTS_FILE = "manifests.yaml"  # the exact text applied, next to the cluster report
 STATE_GONE = f'[ ! -e {STATE_DIR} ] && [ ! -L {STATE_DIR} ] && echo gone || echo "present"'
+
+
+class MetadataCheck(Protocol):
+    """conformance.metadata.twophase.TwoPhase, as this module uses it."""
+
+    def snapshot_original(self) -> object: ...
+    def check_startup(self, node_kvm_gid: int | str | None = None) -> object: ...
+    def check_final(self) -> object: ...
+    def summary(self) -> dict[str, Any]: ...
+
+
+def default_metadata(device: str) -> MetadataCheck | None:
+    """The two-phase helper (conformance.metadata.twophase); None when it cannot be imported."""
+    try:
+        module = importlib.import_module("conformance.metadata.twophase")
+    except ImportError:
+        return None
+    check: MetadataCheck = module.TwoPhase(device)
+    return check
+
+
+def failed_verdict(verdict: object) -> bool:
+    """A Verdict other than accepted (rejected, or an error such as a failed group lookup)."""
+    return getattr(verdict, "status", "accepted") != "accepted"
+
+
+def verdict_message(verdict: object) -> str:
+    return str(getattr(verdict, "message", verdict))
 
 
 def rendered_text(options: ClusterOptions) -> str:
@@ -81,8 +110,14 @@ class ExistingLifecycle(ClusterLifecycle):
     name = "cluster"
 
     def __init__(
-        self, options: ClusterOptions, objects: list[Obj] | None = None, **kw: Any
+        self,
+        options: ClusterOptions,
+        objects: list[Obj] | None = None,
+        *,
+        metadata: MetadataCheck | None = None,
+        **kw: Any,
     ) -> None:
+        self.metadata = metadata
         self.text = rendered_text(options) if objects is None else ""
         node_name = options.nodes[0] if options.nodes else ""
         if "api_factory" not in kw:
@@ -100,6 +135,14 @@ class ExistingLifecycle(ClusterLifecycle):
 
     def extra_namespaces(self) -> list[Obj]:
         return [diag_namespace(self.options)] if self.options.node_access == "pod" else []
+
+    def extra_dry_run(self) -> list[Obj]:
+        """The diagnostic pod too: a cluster that refuses privileged pods is environment_blocked
+        before anything runs on a node."""
+        if self.options.node_access != "pod":
+            return []
+        o = self.options
+        return [diagnostic_pod(DIAG_NAME, self.diag.namespace, self.node_name, o.diag_image)]
 
     def access(self) -> NodeAccess:
         if self._access is None:
@@ -125,7 +168,22 @@ class ExistingLifecycle(ClusterLifecycle):
             f" server version, node {where} Ready (never created, never deleted)",
             api=("GET /version", f"GET /api/v1/nodes/{where}"),
         )
-        return [check, *cluster_steps(self.shared_steps(), diag)]
+        steps = [check, *cluster_steps(self.shared_steps(), diag)]
+        dev = o.device
+        rollout = next(i for i, s in enumerate(steps) if s.id == "rollout")
+        steps.insert(
+            rollout + 1,
+            Step("metadata-startup", "setup", f"this machine's {dev}: unchanged (no udev here)"),
+        )
+        return [
+            Step(
+                "metadata-snapshot",
+                "setup",
+                f"this machine's {dev} metadata (phase 0), when the node runs on this machine",
+            ),
+            *steps,
+            Step("metadata-final", "verify", f"this machine's {dev} metadata exactly as validated"),
+        ]
 
     def actions(self) -> dict[str, Action]:
         return {
@@ -135,6 +193,9 @@ class ExistingLifecycle(ClusterLifecycle):
             "diag-delete": lambda s: self.diag.delete(),
             "verify-diag-gone": lambda s: self.diag.verify(),
             "node-restore": lambda s: self._restore_node(),
+            "metadata-snapshot": lambda s: self._metadata("snapshot"),
+            "metadata-startup": lambda s: self._metadata("startup"),
+            "metadata-final": lambda s: self._metadata("final"),
         }
 
     # -- actions --------------------------------------------------------------------------
@@ -152,6 +213,26 @@ class ExistingLifecycle(ClusterLifecycle):
             raise EnvironmentBlocked(f"node {self.node_name} is not Ready")
         self.report.environment["cluster_kubeconfig"] = self.options.kubeconfig
         self.report.environment["node_access"] = self.options.node_access
+
+    def _metadata(self, phase: str) -> None:
+        """The two phases on this machine's device, when the node is this machine's (its
+        kubelet runs here); a remote node's device is not here to check."""
+        if self.metadata is None or local_kubelet(self.node_name) is None:
+            if phase == "snapshot":
+                self.report.notes.append("host metadata phases skipped: node not on this machine")
+            return
+        if phase == "snapshot":
+            self.metadata.snapshot_original()
+            return
+        verdict = (
+            self.metadata.check_startup(None) if phase == "startup" else self.metadata.check_final()
+        )
+        self.report.verify(f"host device metadata ({phase})", not failed_verdict(verdict),
+                           verdict_message(verdict))  # fmt: skip
+        if phase == "final":
+            self.report.environment["metadata_two_phase"] = self.metadata.summary()
+        elif failed_verdict(verdict):
+            raise RuntimeError(f"host {self.options.device} at startup: {verdict_message(verdict)}")
 
     def _create_diag(self) -> None:
         self._access = self.diag.create(self.node_name)
@@ -186,5 +267,7 @@ def open_node(
 ) -> Iterator[ClusterNode]:
     """The registry's entry: the plugin deployed on the caller's cluster, one node of it."""
     options = ClusterOptions.from_env().with_(target="cluster").validate()
-    with open_cluster(ExistingLifecycle(options, None), out_dir=out_dir) as node:
+    extra = {"metadata": metadata} if metadata is not None else {}
+    lifecycle = ExistingLifecycle(options, None, **extra)  # type: ignore[arg-type]
+    with open_cluster(lifecycle, out_dir=out_dir) as node:
         yield node

@@ -10,46 +10,23 @@ startup may change only the GID, to the node's own kvm group; the final check mu
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from conformance.targets.cluster.access import DockerExecAccess, NodeAccess
-from conformance.targets.cluster.existing import cluster_steps
+from conformance.targets.cluster.existing import (
+    MetadataCheck,
+    cluster_steps,
+    default_metadata,
+    failed_verdict,
+    verdict_message,
+)
 from conformance.targets.cluster.kube import Obj
 from conformance.targets.cluster.lifecycle import Action
 from conformance.targets.cluster.node import ClusterNode
 from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
 from conformance.targets.cluster.run import ClusterLifecycle, open_cluster, quote
-
-
-class MetadataCheck(Protocol):
-    """conformance.metadata.twophase.TwoPhase, as this module uses it."""
-
-    def snapshot_original(self) -> object: ...
-    def check_startup(self, node_kvm_gid: int | str | None = None) -> object: ...
-    def check_final(self) -> object: ...
-    def summary(self) -> dict[str, Any]: ...
-
-
-def default_metadata(device: str) -> MetadataCheck | None:
-    """The two-phase helper (conformance.metadata.twophase); None when it cannot be imported."""
-    try:
-        module = importlib.import_module("conformance.metadata.twophase")
-    except ImportError:
-        return None
-    check: MetadataCheck = module.TwoPhase(device)
-    return check
-
-
-def _failed(verdict: object) -> bool:
-    """A Verdict other than accepted (rejected, or an error such as a failed group lookup)."""
-    return getattr(verdict, "status", "accepted") != "accepted"
-
-
-def _message(verdict: object) -> str:
-    return str(getattr(verdict, "message", verdict))
 
 
 class KindLifecycle(ClusterLifecycle):
@@ -164,7 +141,9 @@ class KindLifecycle(ClusterLifecycle):
             return
         verdict = self.metadata.check_final()
         self.report.environment["metadata_two_phase"] = self.metadata.summary()
-        self.report.verify("host device metadata (final)", not _failed(verdict), _message(verdict))
+        self.report.verify(
+            "host device metadata (final)", not failed_verdict(verdict), verdict_message(verdict)
+        )
 
     def _startup(self, step: Step) -> None:
         if self.metadata is None:
@@ -174,11 +153,11 @@ class KindLifecycle(ClusterLifecycle):
         lookup = self.runner.run(list(step.argv), check=False).stdout.decode()
         verdict = self.metadata.check_startup(lookup)
         self.report.verify(
-            "host device metadata (startup)", not _failed(verdict), _message(verdict)
+            "host device metadata (startup)", not failed_verdict(verdict), verdict_message(verdict)
         )
-        if _failed(verdict):
+        if failed_verdict(verdict):
             raise RuntimeError(
-                f"host {self.options.device} metadata at startup: {_message(verdict)}"
+                f"host {self.options.device} metadata at startup: {verdict_message(verdict)}"
             )
 
     def _verify_gone(self, step: Step) -> None:

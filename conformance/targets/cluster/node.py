@@ -27,11 +27,10 @@ from conformance.contract.node import (
     FileInfo,
     ReadStorm,
 )
-from conformance.contract.nodeinit import KUBELET_LOG, KUBELET_PID
+from conformance.contract.quantity import quantity
 from conformance.contract.wait import wait_for
 from conformance.targets.cluster.access import (
     CDI_DIR,
-    KUBELET_SOCKET_PATH,
     RO_STAGING,
     NodeAccess,
     NodeAccessError,
@@ -39,7 +38,9 @@ from conformance.targets.cluster.access import (
 )
 from conformance.targets.cluster.deploy import Deployer
 from conformance.targets.cluster.guests import CRICTL_SNIPPET, GuestPods, container_id, running
-from conformance.targets.cluster.kube import KubeApi, Obj
+from conformance.targets.cluster.inside import InsideFaults
+from conformance.targets.cluster.kube import ApiError, KubeApi, Obj
+from conformance.targets.cluster.kubelet import KubeletControl
 from conformance.targets.cluster.plan import ClusterOptions
 from conformance.targets.cluster.workloads import (
     RESOURCE,
@@ -55,25 +56,6 @@ SENTINELS = {
     b'  "devices": [{"name": "s0", "containerEdits": {"env": ["SENTINEL=1"]}}]\n}\n',
     "aa-operator-notes.yaml": b"# owned by the operator, never by the plugin\nkeep: true\n",
 }
-# The kubelet is a systemd unit (kind, AKS) or run by a node init (conformance.contract.nodeinit).
-_HAS_INIT = f"[ -r {KUBELET_PID} ]"
-KUBELET_STATE = (
-    f'if {_HAS_INIT}; then pid=$(cat {KUBELET_PID}); [ -d "/proc/$pid" ] || pid=0; '
-    "else pid=$(systemctl show -p MainPID --value kubelet); fi; "
-    'printf "%s %s %s\\n" "$pid" '
-    f'"$(stat -c %.9Y {KUBELET_SOCKET_PATH} 2>/dev/null || echo 0)" "$(date +%s.%N)"'
-)
-KUBELET_RESTART = (
-    f'if {_HAS_INIT}; then if [ "$1" = crash ]; then kill -KILL "$(cat {KUBELET_PID})"; '
-    "else kill -HUP 1; fi; "
-    'elif [ "$1" = crash ]; then systemctl kill --signal=SIGKILL kubelet; '
-    "else systemctl restart kubelet; fi"
-)
-REGISTRATIONS = (
-    f"{{ if {_HAS_INIT}; then awk -v s=\"$1\" '$1 >= s' {KUBELET_LOG}; "
-    'else journalctl -u kubelet -o short-unix --no-pager --since "@$1"; fi; } '
-    '| grep -i "registration request" | grep -F "$2" | tail -n 1'
-)
 CPU = (
     CRICTL_SNIPPET + "pid=$($c inspect --output go-template --template '{{.info.pid}}' \"$1\") "
     '&& cat "/proc/$pid/stat" && getconf CLK_TCK'
@@ -85,12 +67,7 @@ PROCESS_STATUS = (
 )
 
 
-def to_monotonic(wall: float) -> float:
-    """A node wall-clock time on this process's monotonic clock (kind: same clock; AKS: NTP)."""
-    return wall - (time.time() - time.monotonic())
-
-
-class ClusterNode(GuestPods, NodeBase):
+class ClusterNode(GuestPods, InsideFaults, KubeletControl, NodeBase):
     """One node of a cluster, with the plugin deployed by the harness."""
 
     resource = RESOURCE
@@ -129,6 +106,7 @@ class ClusterNode(GuestPods, NodeBase):
         self.capabilities = self._capabilities()
         self._poll = options.poll_interval
         self._real = (0, 0)
+        self._removed: tuple[Area, str] | None = None
 
     def _capabilities(self) -> frozenset[str]:
         caps = {CAP_KUBELET_RESTART, CAP_KUBELET_CRASH, CAP_PLUGIN_RESTART}
@@ -158,6 +136,7 @@ class ClusterNode(GuestPods, NodeBase):
             self._poll,
         )
         self.host_metadata_at_start = self.host_device_metadata()
+        self.enable_inside()
         for name, data in self.sentinels.items():
             self.write_file("cdi", name, data)
         if CAP_LONG_GUEST in self.capabilities:
@@ -211,9 +190,17 @@ class ClusterNode(GuestPods, NodeBase):
 
     def remove(self, area: Area, name: str) -> None:
         self.files.remove(area, name)
+        self._removed = (area, name)
 
     def make_dir(self, area: Area, name: str) -> None:
-        self.files.make_dir(area, name)
+        """A directory where a file was just removed goes in with the removal again, in one
+        node command: through an exec round trip a plugin that repairs within milliseconds would
+        always win the gap between two commands."""
+        if self._removed == (area, name):
+            self.files.make_dir(area, name, replace=True)
+        else:
+            self.files.make_dir(area, name)
+        self._removed = None
 
     def remove_dir(self, area: Area, name: str) -> None:
         self.files.remove_dir(area, name)
@@ -226,6 +213,8 @@ class ClusterNode(GuestPods, NodeBase):
 
     def set_storage_read_only(self, area: Area, read_only: bool) -> None:
         assert area == "cdi", "only the CDI dir can be made read-only on a cluster node"
+        if self.inside is not None:
+            return self.inside_read_only(read_only)
         self.files.sh("ro-on" if read_only else "ro-off", CDI_DIR, RO_STAGING)
 
     def host_device_metadata(self) -> dict[str, int | str]:
@@ -295,10 +284,29 @@ class ClusterNode(GuestPods, NodeBase):
         self._wait_new_plugin(old)
 
     def redirect_plugin_sockets(self, empty: bool) -> None:
+        if self.inside is not None:  # the plugin stays; its view of the dir is replaced
+            return self.inside_sockets(empty)
         variant = variant_sockets_empty(self.plugin_ds, self.layout)
         self._swap_daemonset(variant if empty else self.plugin_ds)
 
+    def start_plugin_isolated(self) -> None:
+        """A new plugin pod whose socket dir is an empty directory (a DaemonSet variant)."""
+        self._swap_daemonset(variant_sockets_empty(self.plugin_ds, self.layout))
+
+    def restore_plugin_sockets(self) -> None:
+        self._swap_daemonset(self.plugin_ds)
+
+    def set_device_present(self, present: bool) -> None:
+        if self.inside is not None:
+            return self.inside_device_present(present)
+        return super().set_device_present(present)
+
+    def _plugin_container(self) -> str:
+        return container_id(self._pod(), self.layout.container)
+
     def remap_device_unusable(self, unusable: bool) -> None:
+        if self.inside is not None:
+            return self.inside_unusable(unusable)
         device = self.options.hypervisor
         if unusable:
             real = self.host_metadata_at_start
@@ -317,7 +325,10 @@ class ClusterNode(GuestPods, NodeBase):
         if pod is None:
             return "(no plugin pod)"
         name = pod["metadata"]["name"]
-        return self.api.pod_log(self.layout.namespace, name, self.layout.container, tail=lines)
+        try:
+            return self.api.pod_log(self.layout.namespace, name, self.layout.container, tail=lines)
+        except ApiError as exc:  # the kubelet serves logs: evidence must not hide the failure
+            return f"(plugin log unavailable: {exc})"
 
     def plugin_cpu_seconds(self) -> float:
         cid = container_id(self._pod(), self.layout.container)
@@ -336,34 +347,9 @@ class ClusterNode(GuestPods, NodeBase):
 
     # -- the kubelet ----------------------------------------------------------------------
 
-    def _kubelet_state(self) -> tuple[str, float, float]:
-        pid, sock, now = self._node(["sh", "-c", KUBELET_STATE]).split()
-        return pid, float(sock), float(now)
-
-    def restart_kubelet(self, graceful: bool) -> float:
-        """Restart (or SIGKILL: systemd or the node init starts it again); back = its new
-        registration socket's mtime."""
-        old_pid, _, issued = self._kubelet_state()
-        how = "graceful" if graceful else "crash"
-        result = self.access.run(["sh", "-c", KUBELET_RESTART, "sh", how], timeout=120)
-        assert result.rc == 0, f"kubelet {how} restart failed: {result.stderr.decode()[-300:]}"
-
-        def back() -> float | None:
-            pid, sock, _ = self._kubelet_state()
-            return sock if pid not in ("0", old_pid) and sock > issued else None
-
-        return to_monotonic(
-            wait_for(back, self.options.pod_timeout, "kubelet back", min(0.2, self._poll))
-        )
-
-    def last_registration_at(self) -> float | None:
-        script = ["sh", "-c", REGISTRATIONS, "sh", str(self._since), RESOURCE]
-        line = self._node(script).strip()
-        return to_monotonic(float(line.split()[0])) if line else None
-
     def _node_status(self, key: str) -> int:
         node = self.api.get("v1", "Node", self.node_name) or {}
-        return int(node.get("status", {}).get(key, {}).get(RESOURCE, "0"))
+        return quantity(str(node.get("status", {}).get(key, {}).get(RESOURCE, "0")))
 
     def capacity(self) -> int:
         return self._node_status("capacity")

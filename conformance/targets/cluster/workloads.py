@@ -38,6 +38,8 @@ class Layout:
     host_view_isolated: bool = False
     cdi_propagates: bool = False  # hostPath mounts made later on the node reach the plugin
     sockets_volume: str = ""
+    # where the plugin container sees them (faults made inside its own mount namespace)
+    mounts: dict[str, str] = field(default_factory=dict)  # "sockets", "cdi", "host_dev" -> path
     notes: list[str] = field(default_factory=list)
 
 
@@ -111,6 +113,9 @@ def prepare(
     )
     for vol in _pod_spec(ds).get("volumes", []):
         path = vol.get("hostPath", {}).get("path", "").rstrip("/")
+        role = {"/dev": "host_dev", CDI_DYNAMIC_DIR: "cdi", DEVICE_PLUGINS_DIR: "sockets"}.get(path)
+        if role and (where := _mount_of(container, vol["name"]).get("mountPath")):
+            layout.mounts[role] = str(where)
         if path == "/dev" and isolate_host_view:
             vol["hostPath"] = {"path": HOST_VIEW, "type": "Directory"}
             layout.host_view_isolated = True

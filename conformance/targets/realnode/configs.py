@@ -66,6 +66,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 def kubelet_config(
     *,
+    address: str = "127.0.0.1",
     port: int = KUBELET_PORT,
     healthz: int = KUBELET_HEALTHZ,
     socket: Path = CONTAINERD_SOCKET,
@@ -77,7 +78,7 @@ def kubelet_config(
     certificate (the API server verifies it for logs and exec)."""
     return f"""apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: {address}
 port: {port}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1

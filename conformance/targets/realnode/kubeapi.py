@@ -21,17 +21,10 @@ from typing import Any
 
 import grpc
 
+from conformance.contract.quantity import quantity
 from conformance.targets.realnode import API_PORT, PODRESOURCES_SOCKET
 
-_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
-_SUFFIX |= {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-
-
-def quantity(text: str) -> int:
-    """A whole-number resource quantity as the API serialises it ("2k" is 2000 devices)."""
-    digits = text.rstrip("kKMGTPEi")
-    return int(digits) * _SUFFIX[text[len(digits) :]]
-
+__all__ = ["Api", "ApiError", "PodResources", "quantity"]  # quantity: kept importable here
 
 class ApiError(RuntimeError):
     def __init__(self, status: int, body: str) -> None:

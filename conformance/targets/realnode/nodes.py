@@ -53,6 +53,7 @@ CGROUP_PARENT = "hv-nodes"
 ADMIN_KUBECONFIG = RUN / "admin.kubeconfig"
 NODE_LABELS = f"{HYPERVISOR_RESOURCE}=kvm"  # what the KVM manifests' node affinity selects
 MAX_NODES = 8
+NODE_IP_PREFIX = "10.87.0."
 PORT_STRIDE = 10
 
 
@@ -85,6 +86,12 @@ class NodeLayout:
         return KUBELET_HEALTHZ + PORT_STRIDE * (self.index - 1)
 
     @property
+    def ip(self) -> str:
+        """The node's address (on lo): the kubelet refuses a loopback node IP, and the API server
+        reaches the kubelet there for logs and exec."""
+        return f"{NODE_IP_PREFIX}{self.index}"
+
+    @property
     def subnet(self) -> str:
         return f"10.88.{self.index}.0/24"
 
@@ -106,7 +113,11 @@ def recorded_nodes() -> list[NodeLayout]:
 
 
 def crictl_argv(node: NodeLayout) -> list[str]:
-    return [str(BIN / "crictl"), "--runtime-endpoint", f"unix://{node.socket}", "--timeout", "20s"]
+    """crictl on the node's containerd, with a config file of its own (none read from /etc)."""
+    config = node.run / "crictl.yaml"
+    if not config.exists():
+        config.write_text(f"runtime-endpoint: unix://{node.socket}\ntimeout: 20\n")
+    return [str(BIN / "crictl"), "--config", str(config)]
 
 
 def _certs(node: NodeLayout) -> None:
@@ -117,9 +128,10 @@ def _certs(node: NodeLayout) -> None:
         _sign(PKI, client, f"/O=system:nodes/CN=system:node:{node.name}",
               ext + "extendedKeyUsage=clientAuth\n")  # fmt: skip
     serving = f"kubelet-serving-{node.name}"
+    san = f"subjectAltName=IP:{node.ip},DNS:{node.name}\n"
     if not (PKI / f"{serving}.crt").exists():
         _sign(PKI, serving, f"/O=system:nodes/CN=system:node:{node.name}",
-              ext + "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n")  # fmt: skip
+              ext + "extendedKeyUsage=serverAuth\n" + san)  # fmt: skip
 
 
 def _cgroups(node: NodeLayout) -> None:
@@ -186,6 +198,7 @@ def _spec(node: NodeLayout) -> Path:
     kubelet_cfg = node.run / "kubelet.yaml"
     kubelet_cfg.write_text(
         kubelet_config(
+            address=node.ip,
             port=node.port,
             healthz=node.healthz,
             socket=node.socket,
@@ -196,7 +209,7 @@ def _spec(node: NodeLayout) -> Path:
     client = kubeconfig(PKI, f"kubelet-{node.name}", node.run / "kubelet.kubeconfig")
     kubelet = [
         str(BIN / "kubelet"), f"--config={kubelet_cfg}", f"--hostname-override={node.name}",
-        "--node-ip=127.0.0.1", "--root-dir=/var/lib/kubelet", f"--kubeconfig={client}",
+        f"--node-ip={node.ip}", "--root-dir=/var/lib/kubelet", f"--kubeconfig={client}",
         f"--node-labels={NODE_LABELS}", "--v=2",
     ]  # fmt: skip
     spec = {
@@ -235,7 +248,7 @@ def _init_pid(node: NodeLayout, outer: procs.Proc) -> procs.Proc:
     children = Path(f"/proc/{outer.pid}/task/{outer.pid}/children")
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, IndexError):  # not forked yet
             pid = int(children.read_text().split()[0])
             started = procs.start_time(pid)
             if started is not None:
@@ -247,9 +260,20 @@ def _init_pid(node: NodeLayout, outer: procs.Proc) -> procs.Proc:
     raise RuntimeError(f"node {node.name}: no init process under unshare {outer.pid}")
 
 
+def _address(node: NodeLayout) -> None:
+    if node.ip not in _lo_addresses():
+        subprocess.run(["ip", "addr", "add", f"{node.ip}/32", "dev", "lo"], check=True)
+
+
+def _lo_addresses() -> list[str]:
+    out = subprocess.run(["ip", "-o", "-4", "addr", "show", "dev", "lo"], capture_output=True)
+    return [ln.split()[3].split("/")[0] for ln in out.stdout.decode().splitlines()]
+
+
 def start_node(node: NodeLayout) -> procs.Proc:
     for path in (node.run, node.state):
         path.mkdir(parents=True, exist_ok=True)
+    _address(node)
     _certs(node)
     _cgroups(node)
     _cni(node)
@@ -311,6 +335,9 @@ def remove_host_leftovers() -> None:
                 sub.rmdir()
         with contextlib.suppress(OSError):
             parent.rmdir()
+    for ip in _lo_addresses():
+        if ip.startswith(NODE_IP_PREFIX):
+            subprocess.run(["ip", "addr", "del", f"{ip}/32", "dev", "lo"], capture_output=True)
     made = HOST_MADE.read_text().split() if HOST_MADE.exists() else []
     for point in reversed(made):
         with contextlib.suppress(OSError):
@@ -324,6 +351,7 @@ def leftovers() -> list[str]:
         point = line.split()[4]
         if point in (str(NODE_CDI.resolve()), SELF):
             left.append(f"mount {point}")
+    left += [f"address {ip} on lo" for ip in _lo_addresses() if ip.startswith(NODE_IP_PREFIX)]
     veths = subprocess.run(["ip", "-o", "route"], capture_output=True, text=True).stdout
     left += [f"route {r.split()[0]}" for r in veths.splitlines() if r.startswith("10.88.")]
     return left

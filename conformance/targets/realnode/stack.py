@@ -110,7 +110,9 @@ def _crictl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _start_control_plane() -> Api:
+def _start_control_plane(controllers: str = "*,-nodelifecycle") -> Api:
+    """etcd, the API server, the controller manager and the scheduler. Cluster-mode nodes run
+    every controller: node lifecycle lifts the not-ready taint DaemonSet pods do not tolerate."""
     make_pki(PKI)
     etcd = procs.start("etcd", [
         str(BIN / "etcd"), "--name", NODE_NAME, "--data-dir", str(STATE / "etcd"),
@@ -134,6 +136,7 @@ def _start_control_plane() -> Api:
         f"--service-account-key-file={PKI / 'sa.pub'}",
         f"--service-account-signing-key-file={PKI / 'sa.key'}",
         "--service-account-issuer=https://kubernetes.default.svc", "--profiling=false",
+        "--allow-privileged=true",  # as kubeadm, kind and AKS: node access by diagnostic pod
     ])  # fmt: skip
     client = Api(PKI)
     _wait(client.ready, 120, "kube-apiserver /readyz", api)
@@ -142,7 +145,7 @@ def _start_control_plane() -> Api:
             continue  # optional: pods name their node; the default service account is made below
         cfg = kubeconfig(PKI, "admin", RUN / f"{name}.kubeconfig")
         extra = [
-            "--controllers=*,-nodelifecycle",
+            f"--controllers={controllers}",
             "--use-service-account-credentials=false",
             f"--service-account-private-key-file={PKI / 'sa.key'}",
             f"--root-ca-file={PKI / 'ca.crt'}",
@@ -243,7 +246,7 @@ def up_nodes(count: int) -> Api:
     (RUN / "log-dirs-made").write_text("\n".join(str(d) for d in LOG_DIRS if not d.exists()) + "\n")
     nodes.NODES_RUN.mkdir(parents=True, exist_ok=True)
     nodes.prepare_host()
-    api = _start_control_plane()
+    api = _start_control_plane(controllers="*")
     chosen = nodes.layouts(count)
     for node in chosen:
         nodes.start_node(node)

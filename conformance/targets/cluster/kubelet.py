@@ -1,0 +1,85 @@
+"""The kubelet of a cluster node: its state, restarts (graceful and crash), registrations.
+
+A systemd unit on kind and AKS (systemctl, journald); a node init elsewhere
+(conformance.contract.nodeinit: SIGHUP to PID 1, time-stamped log). Times come from the node's
+own clock (socket mtime, log time), mapped onto this process's monotonic clock.
+"""
+
+from __future__ import annotations
+
+import time
+
+from conformance.contract.nodeinit import KUBELET_LOG, KUBELET_PID
+from conformance.contract.wait import wait_for
+from conformance.targets.cluster.access import KUBELET_SOCKET_PATH, NodeAccess, NodeAccessError
+from conformance.targets.cluster.plan import ClusterOptions
+from conformance.targets.cluster.workloads import RESOURCE
+
+RESTART_DELAY_S = 0.5
+
+# The kubelet is a systemd unit (kind, AKS) or run by a node init (conformance.contract.nodeinit).
+_HAS_INIT = f"[ -r {KUBELET_PID} ]"
+KUBELET_STATE = (
+    f'if {_HAS_INIT}; then pid=$(cat {KUBELET_PID}); [ -d "/proc/$pid" ] || pid=0; '
+    "else pid=$(systemctl show -p MainPID --value kubelet); fi; "
+    'printf "%s %s %s\\n" "$pid" '
+    f'"$(stat -c %.9Y {KUBELET_SOCKET_PATH} 2>/dev/null || echo 0)" "$(date +%s.%N)"'
+)
+# Detached and a little later: node access through the diagnostic pod is an exec the kubelet
+# carries, which the restart would cut before it could answer.
+KUBELET_RESTART = (
+    f'(sleep {RESTART_DELAY_S}; if {_HAS_INIT}; then if [ "$1" = crash ]; '
+    f'then kill -KILL "$(cat {KUBELET_PID})"; else kill -HUP 1; fi; '
+    'elif [ "$1" = crash ]; then systemctl kill --signal=SIGKILL kubelet; '
+    "else systemctl restart kubelet; fi) </dev/null >/dev/null 2>&1 &"
+)
+REGISTRATIONS = (
+    f"{{ if {_HAS_INIT}; then awk -v s=\"$1\" '$1 >= s' {KUBELET_LOG}; "
+    'else journalctl -u kubelet -o short-unix --no-pager --since "@$1"; fi; } '
+    '| grep -i "registration request" | grep -F "$2" | tail -n 1'
+)
+
+
+def to_monotonic(wall: float) -> float:
+    """A node wall-clock time on this process's monotonic clock (kind: same clock; AKS: NTP)."""
+    return wall - (time.time() - time.monotonic())
+
+
+class KubeletControl:
+    """Mixin of ClusterNode: the kubelet half of the Node protocol."""
+
+    access: NodeAccess
+    options: ClusterOptions
+    _since: int
+    _poll: float
+
+    def _node(self, argv: list[str]) -> str:
+        raise NotImplementedError
+
+    def _kubelet_state(self) -> tuple[str, float, float]:
+        pid, sock, now = self._node(["sh", "-c", KUBELET_STATE]).split()
+        return pid, float(sock), float(now)
+
+    def restart_kubelet(self, graceful: bool) -> float:
+        """Restart (or SIGKILL: systemd or the node init starts it again); back = its new
+        registration socket's mtime."""
+        old_pid, _, issued = self._kubelet_state()
+        how = "graceful" if graceful else "crash"
+        result = self.access.run(["sh", "-c", KUBELET_RESTART, "sh", how], timeout=120)
+        assert result.rc == 0, f"kubelet {how} restart failed: {result.stderr.decode()[-300:]}"
+
+        def back() -> float | None:
+            try:
+                pid, sock, _ = self._kubelet_state()
+            except NodeAccessError:  # the pod route's exec needs the kubelet: not back yet
+                return None
+            return sock if pid not in ("0", old_pid) and sock > issued else None
+
+        return to_monotonic(
+            wait_for(back, self.options.pod_timeout, "kubelet back", min(0.2, self._poll))
+        )
+
+    def last_registration_at(self) -> float | None:
+        script = ["sh", "-c", REGISTRATIONS, "sh", str(self._since), RESOURCE]
+        line = self._node(script).strip()
+        return to_monotonic(float(line.split()[0])) if line else None
