@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance import cli_inputs as inputs
+from conformance import cluster_nodes
 from conformance.contract import manifest
 from conformance.contract.plugin import ProfileError
 from conformance.contract.plugin import resolve as resolve_plugin
@@ -225,6 +226,8 @@ def _cluster_options(
             node_access=ns.node_access,
             **({"diag_image": ns.diag_image} if ns.diag_image else {}),
         ).validate()
+        if not ns.dry_run:
+            options = cluster_nodes.resolve(options)  # --all-nodes: the nodes, by name
     except ValueError as exc:
         print(f"hvconform: {exc}", file=sys.stderr)
         return {}, 2
@@ -341,6 +344,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
     args += ns.pytest_args
     print(f"hvconform: run {run_id} on target {ns.target}; results in {out}", flush=True)
     env = {**os.environ, "HV_RECOVERY_TIMEOUT_S": str(ns.recovery_timeout), **cluster_env}
+    options = ClusterOptions.from_env(cluster_env) if cluster_env else None
+    if options is not None and options.target == "cluster" and len(options.nodes) > 1:
+        # a node pool: one suite process per node at once, the plugin deployed once for all
+        return cluster_nodes.run(
+            options, args, env, out, lambda d: _render_reports(d / "results.json", d, partial=False)
+        )
     code = inputs.run_pytest(args, env)
     # The run started from a new or empty --out: all it holds now, the run wrote.
     manifest.write(out, manifest.inventory(out))

@@ -81,6 +81,20 @@ def parse(text: str) -> list[Obj]:
     return [doc for doc in yaml.safe_load_all(text) if isinstance(doc, dict)]
 
 
+# What one run does once for all its nodes (`scope` "cluster"); each node's part is the rest.
+CLUSTER_LEVEL = frozenset(
+    {
+        "namespaces",
+        "dry-run",
+        "apply",
+        "rollout",
+        "delete-plugin",
+        "delete-objects",
+        "verify-objects",
+    }
+)
+
+
 def cluster_steps(
     shared: dict[str, Step], diag: dict[str, Step] | None, *, verify_objects: bool = True
 ) -> list[Step]:
@@ -169,10 +183,16 @@ class ExistingLifecycle(ClusterLifecycle):
             api=("GET /version", f"GET /api/v1/nodes/{where}"),
         )
         steps = [check, *cluster_steps(self.shared_steps(), diag)]
+        scope = o.extra.get("scope", "")
+        if scope == "cluster":  # several nodes: the run's controller deploys once, for all
+            return [s for s in steps if s.id in CLUSTER_LEVEL or s.id == "cluster-check"]
+        if scope == "node":  # ... and each node's own run does the rest
+            steps = [s for s in steps if s.id not in CLUSTER_LEVEL]
         dev = o.device
-        rollout = next(i for i, s in enumerate(steps) if s.id == "rollout")
+        # after the rollout (this run's, or the controller's before this node's part began)
+        after = next((i for i, s in enumerate(steps) if s.id in ("rollout", "node-prepare")), 0)
         steps.insert(
-            rollout + 1,
+            after + 1,
             Step("metadata-startup", "setup", f"this machine's {dev}: unchanged (no udev here)"),
         )
         return [
@@ -201,16 +221,17 @@ class ExistingLifecycle(ClusterLifecycle):
     # -- actions --------------------------------------------------------------------------
 
     def _check_cluster(self) -> None:
-        if self.text:
+        if self.text and self.options.extra.get("scope") != "node":
             out = self.workdir / MANIFESTS_FILE
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(self.text)
-        node = self.api().get("v1", "Node", self.node_name)
-        if node is None:
-            raise EnvironmentBlocked(f"the cluster has no node {self.node_name!r}")
-        conds = node.get("status", {}).get("conditions", [])
-        if not any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
-            raise EnvironmentBlocked(f"node {self.node_name} is not Ready")
+        for name in self.options.nodes:
+            node = self.api().get("v1", "Node", name)
+            if node is None:
+                raise EnvironmentBlocked(f"the cluster has no node {name!r}")
+            conds = node.get("status", {}).get("conditions", [])
+            if not any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+                raise EnvironmentBlocked(f"node {name} is not Ready")
         self.report.environment["cluster_kubeconfig"] = self.options.kubeconfig
         self.report.environment["node_access"] = self.options.node_access
 

@@ -58,7 +58,7 @@ class GuestPods:
     def allocate(self) -> Allocation:
         self._serial += 1
         pod = workload_pod(
-            f"hvconform-guest-{self.options.short_id}-{self._serial}",
+            f"hvconform-guest-{self.options.short_id}-{self._node_tag()}{self._serial}",
             self.options.work_namespace,
             self.node_name,
             self.options.guest_image or self.options.image,
@@ -78,6 +78,10 @@ class GuestPods:
         self._pods[id(allocation)] = status["pod"]
         allocation.cdi_devices = self._cdi_devices(status["pod"])
         return allocation
+
+    def _node_tag(self) -> str:
+        """Several nodes of one run share the work namespace: their pods are named apart."""
+        return f"{self.node_name}-" if self.options.extra.get("scope") == "node" else ""
 
     def _admitted(self, created: Obj) -> dict[str, Any] | None:
         name, ns = created["metadata"]["name"], created["metadata"]["namespace"]

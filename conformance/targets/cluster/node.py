@@ -28,6 +28,7 @@ from conformance.contract.node import (
     ReadStorm,
 )
 from conformance.contract.quantity import quantity
+from conformance.contract.results import NotApplicable
 from conformance.contract.wait import wait_for
 from conformance.targets.cluster.access import (
     CDI_DIR,
@@ -279,6 +280,11 @@ class ClusterNode(GuestPods, InsideFaults, KubeletControl, NodeBase):
         self._wait_new_plugin(pod["metadata"]["uid"])
 
     def _swap_daemonset(self, ds: Obj) -> None:
+        if self.options.extra.get("scope") == "node":
+            raise NotApplicable(
+                "replacing the plugin DaemonSet restarts the plugin on every node of the run, "
+                "where other nodes' checks are running: not with several nodes at once"
+            )
         old = self._pod()["metadata"]["uid"]
         self.api.replace(ds)
         self._wait_new_plugin(old)

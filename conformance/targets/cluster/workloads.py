@@ -121,8 +121,8 @@ def prepare(
             layout.host_view_isolated = True
         elif path == "/dev":
             layout.notes.append(
-                "manifests applied unchanged: the plugin sees the node's real /dev, "
-                "so identity faults (identity-missing, device-unusable) are not made"
+                "manifests applied unchanged: the plugin sees the node's real /dev; identity "
+                "faults are made only inside the plugin container, or not at all"
             )
         elif path == CDI_DYNAMIC_DIR:
             prop = _mount_of(container, vol["name"]).get("mountPropagation", "None")

@@ -1,0 +1,98 @@
+"""The existing-cluster target LIVE: `node-up --nodes 1`, the images imported into the node's
+containerd, `hvconform run --target cluster` through both node-access routes, node-down.
+
+Nothing here is recorded: a real API server, DaemonSet rollout, kubelet, containerd with CDI and
+a real KVM guest. Needs the node built (`nox -s node-build`; skipped with that reason when it is
+not, as on a fresh CI machine) and no other node up on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conformance.targets.realnode import node_images, nodes, procs, stack
+
+# Checks no route of this target can make (the reason is recorded with them).
+NOT_APPLICABLE = {"atomic-replacement", "optional-rpcs"}
+
+
+def _kvm() -> tuple[int, int, int, int]:
+    st = os.stat("/dev/kvm")
+    return st.st_mode, st.st_uid, st.st_gid, st.st_rdev
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, str]]:
+    if missing := nodes.has_tools():
+        pytest.skip(f"the node is not built ({', '.join(missing)}): run `nox -s node-build`")
+    if nodes.recorded_nodes() or ((p := procs.recorded("kubelet")) and p.alive):
+        pytest.skip("a node is already up on this machine: `nox -s node-down` first")
+    before = _kvm()
+    try:
+        stack.up_nodes(1)
+        tags = node_images.build_images()
+        node_images.load(list(tags.values()))
+        yield {**tags, "kubeconfig": str(nodes.ADMIN_KUBECONFIG)}
+    finally:
+        left = stack.down()
+        assert not left, f"node-down left: {left}"
+        assert _kvm() == before, "/dev/kvm changed"
+
+
+def _run(cluster: dict[str, str], out: Path, access: str, *extra: str) -> dict[str, Any]:
+    argv = [
+        sys.executable, "-m", "conformance.cli", "run", "--target", "cluster",
+        "--kubeconfig", cluster["kubeconfig"], "--node", nodes.NODE_NAME,
+        "--node-access", access, "--image", cluster["plugin"], "--guest-image", cluster["guest"],
+        "--diag-image", cluster["guest"], "--out", str(out), *extra,
+    ]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    results: dict[str, Any] = json.loads((out / "results.json").read_text())
+    report: dict[str, Any] = json.loads((out / "cluster-cluster.json").read_text())
+    return {"results": results, "report": report}
+
+
+def _assert_live_and_clean(run: dict[str, Any], expect: set[str]) -> None:
+    statuses = {c["id"]: c["status"] for c in run["results"]["checks"]}
+    assert {i for i, s in statuses.items() if s == "passed"} >= expect, statuses
+    assert not [i for i, s in statuses.items() if s == "failed"], statuses
+    report = run["report"]
+    assert report["contract"] is False and report["cleanup_ok"], report["verification"]
+    for name in ("objects deleted", "node state dir removed", "host device metadata (final)"):
+        assert report["verification"][name]["ok"], name
+    process = report["environment"]["plugin_process"]
+    assert process["CapEff"] == "0" * 16 and process["NoNewPrivs"] == "1", process
+
+
+def test_pod_route_runs_the_whole_catalogue(cluster: dict[str, str], tmp_path: Path) -> None:
+    run = _run(cluster, tmp_path / "pod", "pod")
+    every = {c["id"] for c in run["results"]["checks"]} - NOT_APPLICABLE - {"cleanup"}
+    _assert_live_and_clean(run, every)
+    assert run["report"]["verification"]["diagnostic pod gone"]["ok"]
+    # applied as `hvconform manifests` prints them, byte for byte
+    applied = (tmp_path / "pod" / "cluster" / "manifests.yaml").read_bytes()
+    namespace = next(o for o in yaml.safe_load_all(applied) if o and o["kind"] == "Namespace")
+    printed = subprocess.run(
+        [sys.executable, "-m", "conformance.cli", "manifests", "--target", "kind",
+         "--image", cluster["plugin"], "--namespace", namespace["metadata"]["name"]],
+        capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    assert applied == printed
+
+
+def test_direct_route_faults_and_restarts(cluster: dict[str, str], tmp_path: Path) -> None:
+    run = _run(cluster, tmp_path / "direct", "direct", "-m", "identity or restart or cdi")
+    expect = {"identity-missing", "device-unusable", "restart-plugin", "restart-kubelet",
+              "cdi-read-only", "cdi-non-regular"}  # fmt: skip
+    _assert_live_and_clean(run, expect)
+    assert "diagnostic pod gone" not in run["report"]["verification"]
