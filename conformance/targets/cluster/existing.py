@@ -190,7 +190,8 @@ class ExistingLifecycle(ClusterLifecycle):
             steps = [s for s in steps if s.id not in CLUSTER_LEVEL]
         dev = o.device
         # after the rollout (this run's, or the controller's before this node's part began)
-        after = next((i for i, s in enumerate(steps) if s.id in ("rollout", "node-prepare")), 0)
+        ids = [s.id for s in steps]
+        after = ids.index("rollout") if "rollout" in ids else ids.index("node-prepare")
         steps.insert(
             after + 1,
             Step("metadata-startup", "setup", f"this machine's {dev}: unchanged (no udev here)"),
