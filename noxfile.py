@@ -148,6 +148,9 @@ def chart(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks against the seed's live figures; writes reports/bench/bench.{json,md}."""
     session.install("-e", ".[dev]")
+    if any(arg == "--versus" or arg.startswith("--versus=") for arg in session.posargs):
+        # The rival is usually a fixture plugin (fixtures/plugins/*): built, or found current.
+        session.run("python", "-m", "tests.fixture_plugins")
     session.run("hvconform", "bench", "--out", "reports/bench", *session.posargs)
 
 

@@ -8,22 +8,12 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from conformance.bench import procfs
-from conformance.bench.figures_alloc import allocate_load
-from conformance.bench.figures_cdi import cdi_recovery
-from conformance.bench.figures_grpc import health_propagation, reregistration
-from conformance.bench.figures_host import (
-    RssSampler,
-    idle_footprint,
-    memory_figures,
-    suite_wall_time,
-)
-from conformance.bench.figures_storm import read_storm
-from conformance.bench.harness import FULL, QUICK, Bench, Plan
+from conformance.bench.figures_host import RssSampler, suite_wall_time
+from conformance.bench.harness import Bench
 from conformance.bench.report import (
     SCHEMA,
     Figure,
@@ -33,12 +23,20 @@ from conformance.bench.report import (
     render_compare,
     write_reports,
 )
+from conformance.bench.steps import Subject, announce, measure
+from conformance.bench.versus import side_by_side
+from conformance.bench.waits import FULL, QUICK, Plan
 from conformance.contract.args import OneLineParser, output_problem
+from conformance.contract.plugin import PluginUnderTest, ProfileError, load_profile
 from conformance.contract.strict_json import one_line
 
 # Figures that are correctness, not speed: any miss fails the run (exit 1).
-MUST_HOLD = ("storm.torn", "storm.failed", "repair.allocate.stale_answers")
-FRESH_S = 3.0
+MUST_HOLD = (
+    "storm.torn",
+    "storm.failed",
+    "repair.allocate.stale_answers",
+    "refusal.wrongly_granted",
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -66,6 +64,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="OLD.json",
         help="an older bench.json: print new/old per figure, flag regressions > 20 %%",
     )
+    parser.add_argument(
+        "--versus",
+        default="",
+        metavar="PROFILE",
+        help="a plugin profile (as hvconform run --plugin-profile): the same figures for that "
+        "plugin, taking turns with ours in every step, and a side-by-side table in bench.md",
+    )
     parser.set_defaults(func=runner)
 
 
@@ -83,10 +88,21 @@ def runner(ns: argparse.Namespace) -> int:
     if problem:
         print(f"hvconform bench: {one_line(problem)}", file=sys.stderr)
         return 2
+    versus = None
+    if ns.versus:
+        try:
+            versus = load_profile(ns.versus)
+        except ProfileError as exc:
+            print(f"hvconform bench: --versus {one_line(str(exc))}", file=sys.stderr)
+            return 2
+        problem = _command_problem(versus)
+        if problem:
+            print(f"hvconform bench: --versus {ns.versus}: {problem}", file=sys.stderr)
+            return 2
     if os.geteuid() != 0 or not Path("/dev/kvm").exists():
         print("hvconform bench: needs root (mknod, tmpfs mounts) and /dev/kvm", file=sys.stderr)
         return 2
-    data, failures = run(QUICK if ns.quick else FULL, out, quick=ns.quick)
+    data, failures = run(QUICK if ns.quick else FULL, out, quick=ns.quick, versus=versus)
     if old is not None:
         data["compare"] = compare(data, old)
         data["compare_warnings"] = compare_warnings(data, old)
@@ -103,48 +119,101 @@ def runner(ns: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def run(plan: Plan, out: Path, *, quick: bool) -> tuple[dict[str, Any], list[str]]:
-    """Measure everything; returns the bench.json data and what failed."""
+def run(
+    plan: Plan, out: Path, *, quick: bool, versus: PluginUnderTest | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """Measure everything (for both plugins with `versus`); the bench.json data and failures."""
     started_wall = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     started = time.monotonic()
     machine = procfs.machine()
     machine["load_start"] = procfs.loadavg()
     jiffies = procfs.cpu_jiffies()
-    figures: list[Figure] = []
-    threads: list[dict[str, Any]] = []
-    failures: list[str] = []
     out.mkdir(parents=True, exist_ok=True)
-    bench = Bench(out / "plugin.log")
+    subjects: list[Subject] = []
+    failures: list[str] = []
+    wanted: list[tuple[str, PluginUnderTest | None, Path]] = [("ours", None, out / "plugin.log")]
+    if versus is not None:
+        wanted.append(("theirs", versus, out / f"plugin-{_slug(versus.name)}.log"))
     try:
-        bench.__enter__()
-        asyncio.run(_measure(bench, plan, figures, threads, failures))
+        for label, plugin, log in wanted:
+            bench = Bench(log, plugin)
+            subjects.append(Subject(label, bench, RssSampler(bench)))
+            bench.prepare()
+        for subject in subjects:
+            subject.bench.__enter__()
+        asyncio.run(measure(subjects, plan, lambda figs: summary([f.to_json() for f in figs])))
     except Exception as exc:  # set-up failed: still tear down and report what we have
         traceback.print_exc()
         failures.append(f"set-up: {type(exc).__name__}: {exc}")
     finally:
-        left = bench.close()
-    if left:
-        failures.append(f"left behind: {left}")
-    if bench.exit_code not in (0, None):
-        failures.append(f"plugin exited {bench.exit_code} on SIGTERM (see {bench.log_path})")
-    _step("suite wall time")
-    try:
-        figures += suite_wall_time(plan, out)
-    except Exception as exc:
-        failures.append(f"suite wall time: {type(exc).__name__}: {exc}")
-    failures += [
-        f"{f.name}: {f.median:g} {f.unit}"
-        for f in figures
-        if f.key in MUST_HOLD and f.target_met is False
-    ]
+        cleanup = [(s, s.bench.close()) for s in subjects]
+    data: dict[str, Any] = {}
+    for subject, left in cleanup:
+        mine = subject.failures + ([f"left behind: {left}"] if left else [])
+        if subject.bench.exit_code not in (0, None):
+            mine.append(f"plugin exited {subject.bench.exit_code} on SIGTERM")
+        figures = subject.figures()
+        if subject.label == "ours":
+            announce("suite wall time")
+            try:
+                figures += suite_wall_time(plan, out)
+            except Exception as exc:
+                mine.append(f"suite wall time: {type(exc).__name__}: {exc}")
+        misses = [
+            f"{f.name}: {f.median:g} {f.unit}"
+            for f in figures
+            if f.key in MUST_HOLD and f.target_met is False
+        ]
+        part = _part(subject, figures, left, plan, quick)
+        if subject.label == "ours":
+            failures += mine + misses
+            data.update(part)
+        else:  # the rival's correctness is its own affair; a broken step is the bench's
+            failures += [f"{subject.bench.name}: {m}" for m in mine]
+            part["correctness_misses"] = misses
+            data["versus"] = part
     machine["load_end"] = procfs.loadavg()
     machine["busy_pct"] = procfs.busy_pct(jiffies, procfs.cpu_jiffies())
+    head: dict[str, Any] = {"schema": SCHEMA, "quick": quick, "started": started_wall}
+    head |= {"duration_s": time.monotonic() - started, "machine": machine}
+    head["plan"] = {k: getattr(plan, k) for k in plan.__dataclass_fields__}
+    data = head | data
+    data.setdefault("figures", [])
+    data.setdefault("notes", [])
+    if "versus" in data:
+        lacks = dict(cleanup[1][0].lacks) if len(cleanup) > 1 else {}
+        data["side_by_side"] = side_by_side(data["figures"], data["versus"]["figures"], lacks)
+    data["notes"] += [f"FAILED: {f}" for f in failures]
+    return data, failures
+
+
+def _command_problem(plugin: PluginUnderTest) -> str:
+    """Why the profile's command cannot start (checked before the machine is touched)."""
+    program = Path(plugin.argv()[0])
+    if not program.is_absolute():
+        return ""  # found on PATH by the launcher, which says so if it is not
+    if not program.is_file() or not os.access(program, os.X_OK):
+        return (
+            f"command {program} is not an executable file (a fixture? ./dev nox -s fixture-plugins)"
+        )
+    return ""
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:40]
+
+
+def _part(
+    subject: Subject, figures: list[Figure], left: list[str], plan: Plan, quick: bool
+) -> dict[str, Any]:
+    """One plugin's share of bench.json."""
+    bench = subject.bench
     notes = [
         "Timing: time.monotonic() (CLOCK_MONOTONIC) in the harness, the reader and the kubelet "
         "emulator; the load generator times its own calls with time.perf_counter().",
-        "The CDI dir and the host-dev view are tmpfs (a node's /run/cdi is tmpfs); the plugin "
-        "runs with its defaults (2000 slots, 5 s re-check, info logs) in a private mount "
-        "namespace.",
+        f"The plugin ({bench.name}) runs from its profile ({bench.plugin.source}) with its own "
+        "defaults, in the suite's sandbox (own mount and network namespaces, no capabilities); "
+        "the CDI dir and any host-device view are tmpfs (a node's /run/cdi is tmpfs).",
     ]
     if bench.stop_s is not None:
         notes.append(
@@ -152,16 +221,11 @@ def run(plan: Plan, out: Path, *, quick: bool) -> tuple[dict[str, Any], list[str
         )
     if quick:
         notes.append("--quick: sample counts below issue #7's minimums; not for comparison.")
-    notes += [f"FAILED: {f}" for f in failures]
-    data: dict[str, Any] = {
-        "schema": SCHEMA,
-        "quick": quick,
-        "started": started_wall,
-        "duration_s": time.monotonic() - started,
-        "machine": machine,
-        "plan": {k: getattr(plan, k) for k in plan.__dataclass_fields__},
+    return {
+        "plugin": bench.plugin.summary(),
         "figures": [f.to_json() for f in figures],
-        "threads_idle": threads,
+        "threads_idle": subject.threads,
+        "lacks": subject.lacks,
         "notes": notes,
         "cleanup": {
             "left_behind": left,
@@ -169,53 +233,6 @@ def run(plan: Plan, out: Path, *, quick: bool) -> tuple[dict[str, Any], list[str
             "plugin_stop_s": bench.stop_s,
         },
     }
-    return data, failures
-
-
-def _step(name: str) -> None:
-    print(f"hvconform bench: {name} (load {procfs.loadavg()[0]:.2f})", flush=True)
-
-
-async def _measure(
-    bench: Bench,
-    plan: Plan,
-    figures: list[Figure],
-    threads: list[dict[str, Any]],
-    failures: list[str],
-) -> None:
-    rss = RssSampler(bench)
-
-    async def fresh() -> list[Figure]:
-        async with rss.sampling("fresh"):
-            await asyncio.sleep(FRESH_S)
-        return []
-
-    async def idle() -> list[Figure]:
-        figs, rows = await idle_footprint(bench, plan, rss)
-        threads.extend(rows)
-        return figs + memory_figures(rss)
-
-    # Order matters: the idle window follows every load phase; kubelet restarts come last
-    # because they replace the plugin's server (and so every stream on it).
-    steps: list[tuple[str, Callable[[], Awaitable[list[Figure]]]]] = [
-        ("memory after start", fresh),
-        ("CDI recovery", lambda: cdi_recovery(bench, plan)),
-        ("allocation-triggered repair under a read storm", lambda: read_storm(bench, plan)),
-        ("Allocate load", lambda: allocate_load(bench, plan, rss)),
-        ("health propagation", lambda: health_propagation(bench, plan, rss)),
-        (f"idle footprint ({plan.idle_s:g} s)", idle),
-        ("re-registration after kubelet restarts", lambda: reregistration(bench, plan)),
-    ]
-    for name, step in steps:
-        _step(name)
-        try:
-            new = await step()
-        except Exception as exc:
-            traceback.print_exc()
-            failures.append(f"{name}: {type(exc).__name__}: {exc}")
-            continue
-        figures += new
-        print(summary([f.to_json() for f in new]), flush=True)
 
 
 def summary(figures: list[dict[str, Any]]) -> str:

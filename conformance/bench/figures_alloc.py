@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from conformance.bench.figures_host import RssSampler
-from conformance.bench.harness import Bench, Plan, floor_server, within
+from conformance.bench.harness import Bench, floor_server
 from conformance.bench.procfs import Span
 from conformance.bench.report import Figure, Target, figure
+from conformance.bench.waits import Plan, within
 from plugin.config import DEFAULT_PROBE_MAX_AGE_S
 
 LOADGEN_S = 600.0
@@ -37,7 +38,7 @@ async def _load(
     proc = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "conformance.bench.loadgen", str(socket)),
         *("--concurrency", str(concurrency), "--requests", str(requests)),
-        *("--warmup", str(warmup), "--slots", str(bench.slots), "--out", str(out)),
+        *("--warmup", str(warmup), "--ids", ",".join(bench.device_ids), "--out", str(out)),
         *("--interval", str(interval)),
     )
     bench.track(proc.pid, f"loadgen {tag} c={concurrency}")

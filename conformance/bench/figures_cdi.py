@@ -16,14 +16,13 @@ from collections.abc import Callable
 
 from asyncinotify import Inotify, Mask
 
-from conformance.bench.harness import SPEC_NAME, Bench, BenchTimeout, Plan, poll_until
+from conformance.bench.harness import Bench
 from conformance.bench.procfs import Span
 from conformance.bench.report import SEED_CDI_RECOVERY_S, Figure, Target, figure
 from conformance.bench.streams import Stream, open_streams
+from conformance.bench.waits import BenchTimeout, Plan, poll_until
 
 RECOVERY_S = 10.0  # per injection; the seed needed up to 32.2 s, we fail loudly far sooner
-# The plugin's temp file: ".<spec>.tmp-<pid>-<hex>" (plugin/cdi.py), renamed onto the spec.
-TEMP_PREFIX = f".{SPEC_NAME}.tmp-"
 SEED_TEXT = "22.3-32.2 s incl. polling"
 TARGETS = [Target("median", 50.0), Target("p95", 100.0)]
 
@@ -42,11 +41,14 @@ INJECTIONS: dict[str, tuple[Callable[[Bench], None], str]] = {
 
 
 class RenameLog:
-    """Stamps every rename of the plugin's temp file onto the spec, as the harness sees it."""
+    """Stamps every rename of the plugin's temp file onto the spec, as the harness sees it: a
+    file of the CDI dir itself (any name but the spec's: plugins name temp files their own way)
+    moved onto the spec."""
 
     def __init__(self, bench: Bench) -> None:
         self._inotify = Inotify()
         self._inotify.add_watch(bench.cdi_dir, Mask.MOVED_FROM | Mask.MOVED_TO)
+        self._spec = bench.spec_name
         self.renames: list[float] = []
         self._cookies: set[int] = set()
         self._changed = asyncio.Event()
@@ -55,12 +57,12 @@ class RenameLog:
         async for event in self._inotify:
             stamp = time.monotonic()
             name = event.name.name if event.name is not None else ""
-            if Mask.MOVED_FROM in event.mask and name.startswith(TEMP_PREFIX):
+            if Mask.MOVED_FROM in event.mask and name != self._spec:
                 self._cookies.add(event.cookie)
             # Only the plugin's own rename counts: the staleness injection arrives from the
             # (unwatched) staging dir, so its cookie was never seen here.
             elif (
-                Mask.MOVED_TO in event.mask and name == SPEC_NAME and event.cookie in self._cookies
+                Mask.MOVED_TO in event.mask and name == self._spec and event.cookie in self._cookies
             ):
                 self._cookies.discard(event.cookie)
                 self.renames.append(stamp)

@@ -11,17 +11,11 @@ import time
 from collections.abc import Callable
 
 from conformance.bench.figures_host import RssSampler
-from conformance.bench.harness import (
-    RESOURCE,
-    Bench,
-    Plan,
-    floor_server,
-    poll_until,
-    within,
-)
+from conformance.bench.harness import Bench, floor_server
 from conformance.bench.procfs import Span
 from conformance.bench.report import SEED_REREGISTRATION_S, Figure, Target, figure
 from conformance.bench.streams import Stream, close_streams, open_streams
+from conformance.bench.waits import Plan, poll_until, within
 from conformance.kubelet import RegistrationRecord
 
 REREGISTER_S = 30.0
@@ -33,7 +27,8 @@ def _pause(plan: Plan) -> float:
 
 
 def _first_ok_after(bench: Bench, started: float) -> RegistrationRecord | None:
-    return next((r for r in bench.kubelet.registrations(RESOURCE) if r.ok and r.t > started), None)
+    ok = bench.kubelet.registrations(bench.resource)
+    return next((r for r in ok if r.ok and r.t > started), None)
 
 
 async def reregistration(bench: Bench, plan: Plan) -> list[Figure]:
@@ -127,7 +122,6 @@ async def health_propagation(bench: Bench, plan: Plan, rss: RssSampler) -> list[
     """Device removed from the host view -> Unhealthy on every open stream (1, 10, 100); each
     sample followed by the same broadcast from the floor, so both see the same machine load."""
     figures: list[Figure] = []
-    kvm = bench.host_dev / "kvm"
     async with floor_server(bench) as (floor_sock, floor_pid):
 
         def flip_floor() -> None:
@@ -153,7 +147,7 @@ async def health_propagation(bench: Bench, plan: Plan, rss: RssSampler) -> list[
                             down, up, base = [*down, d], [*up, u], [*base, f]
             finally:
                 await close_streams(streams + floors)
-                if not kvm.exists():  # a failed sample must not leave the device removed
+                if not bench.device_present():  # a failed sample must not leave it removed
                     bench.restore_device()
             figures += _health_figures(plan, count, down, up, base, span.load())
     return figures

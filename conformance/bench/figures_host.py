@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from conformance.bench import procfs
-from conformance.bench.harness import Bench, BenchTimeout, Plan, floor_server
+from conformance.bench.harness import Bench, floor_server
 from conformance.bench.report import Figure, Target, figure
+from conformance.bench.waits import BenchTimeout, Plan
 
 RSS_EVERY_S = 0.1
 IDLE_SETTLE_S = 3.0  # after the previous phase: let late callbacks and log flushes finish
@@ -99,8 +100,9 @@ def memory_figures(rss: RssSampler) -> list[Figure]:
 class _Threads:
     """Per-thread voluntary switches and CPU of some processes, read every tick."""
 
-    def __init__(self, names: dict[int, str]) -> None:
+    def __init__(self, names: dict[int, str], python: bool = True) -> None:
         self.names = names
+        self.python = python  # else every thread is the plugin's own (no grpc core to tell apart)
         self.first = self.prev = self._read()
         self.episodes: dict[tuple[int, int], list[float]] = {k: [] for k in self.first}
 
@@ -134,7 +136,7 @@ class _Threads:
                     "process": self.names.get(t.pid, "?"),
                     "tid": t.tid,
                     # Python threads are all "python"; grpc's C threads name themselves.
-                    "grpc": t.comm != "python",
+                    "grpc": self.python and t.comm != "python",
                     "comm": f"{t.comm}{role}, sleeps in {t.blocked_in}",
                     "wakeups_per_s": wakes / elapsed,
                     "episodes_per_s": len(stamps) / elapsed,
@@ -155,7 +157,9 @@ async def idle_footprint(
         await asyncio.sleep(IDLE_SETTLE_S)
         span = procfs.Span()
         pids = bench.tree()
-        plugin = _Threads({pids[0]: "plugin", **{p: "probe helper" for p in pids[1:]}})
+        plugin = _Threads(
+            {pids[0]: bench.name, **{p: "probe helper" for p in pids[1:]}}, bench.python
+        )
         floor = _Threads({floor_pid: "floor: bare grpc.aio server"})
 
         def cpu() -> float:

@@ -13,16 +13,19 @@ import json
 import random
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 
-from conformance.bench.harness import RESOURCE, Bench, Plan, poll_until, within
+from conformance.bench.harness import Bench
 from conformance.bench.procfs import Span
 from conformance.bench.report import SEED_ALLOCATION_REPAIR_S, SEED_READS, Figure, Target, figure
+from conformance.bench.waits import Plan, poll_until, within
 from plugin.api import deviceplugin_pb2 as pb
 from plugin.api import deviceplugin_pb2_grpc as pb_grpc
 
@@ -39,8 +42,7 @@ class Cycle:
 
 async def read_storm(bench: Bench, plan: Plan) -> list[Figure]:
     span = Span()
-    work = bench.root / "storm"
-    work.mkdir()
+    work = Path(tempfile.mkdtemp(prefix="storm-", dir=bench.root))  # one per round
     (work / "stale").write_bytes(bench.stale)
     (work / "desired").write_bytes(bench.desired)
     ready, done, out = work / "ready", work / "done", work / "reads.json"
@@ -66,9 +68,9 @@ async def read_storm(bench: Bench, plan: Plan) -> list[Figure]:
 async def _cycles(bench: Bench, plan: Plan, reads_done: Callable[[], bool]) -> list[Cycle]:
     cycles: list[Cycle] = []
     request = pb.AllocateRequest(
-        container_requests=[pb.ContainerAllocateRequest(devices_ids=["kvm-0"])]
+        container_requests=[pb.ContainerAllocateRequest(devices_ids=bench.device_ids[:1])]
     )
-    want = f"{RESOURCE}=kvm"
+    want = bench.cdi_names
     started = time.monotonic()
     deadline = started + plan.storm_max_s
     async with grpc.aio.insecure_channel(f"unix:{bench.socket()}") as channel:
@@ -84,7 +86,7 @@ async def _cycles(bench: Bench, plan: Plan, reads_done: Callable[[], bool]) -> l
             t1 = time.monotonic()
             stale = bench.spec_bytes() != bench.desired
             names = [d.name for c in answer.container_responses for d in c.cdi_devices]
-            if names != [want]:
+            if names != want:
                 raise RuntimeError(f"storm cycle {i}: Allocate answered CDI devices {names}")
             await poll_until(
                 lambda: bench.spec_bytes() == bench.desired,

@@ -25,14 +25,19 @@ CONNECT_S = 10.0
 CALL_S = 10.0
 
 
-def _request(i: int, slots: int) -> pb.AllocateRequest:
+def _request(i: int, ids: list[str]) -> pb.AllocateRequest:
     return pb.AllocateRequest(
-        container_requests=[pb.ContainerAllocateRequest(devices_ids=[f"kvm-{i % slots}"])]
+        container_requests=[pb.ContainerAllocateRequest(devices_ids=[ids[i % len(ids)]])]
     )
 
 
 async def run(
-    socket: str, concurrency: int, requests: int, warmup: int, slots: int, interval: float = 0.0
+    socket: str,
+    concurrency: int,
+    requests: int,
+    warmup: int,
+    ids: list[str],
+    interval: float = 0.0,
 ) -> dict[str, object]:
     async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
         try:
@@ -44,7 +49,7 @@ async def run(
             ) from None
         stub = pb_grpc.DevicePluginStub(channel)
         for i in range(warmup):  # warm the channel, the plugin's handlers and the probe helper
-            await stub.Allocate(_request(i, slots), timeout=CALL_S)
+            await stub.Allocate(_request(i, ids), timeout=CALL_S)
         latencies: list[float] = []
         finished: list[float] = []
         errors: list[str] = []
@@ -55,7 +60,7 @@ async def run(
             while (i := next(counter)) < requests:
                 t0 = time.perf_counter()
                 try:
-                    await stub.Allocate(_request(i, slots), timeout=CALL_S)
+                    await stub.Allocate(_request(i, ids), timeout=CALL_S)
                 except grpc.aio.AioRpcError as exc:
                     errors.append(f"{exc.code().name}: {exc.details()}")
                     continue
@@ -84,15 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--warmup", type=int, default=50)
-    parser.add_argument("--slots", type=int, default=2000)
+    parser.add_argument("--slots", type=int, default=2000, help="IDs kvm-0 .. kvm-(N-1)")
+    parser.add_argument("--ids", default="", help="comma-separated device IDs (replaces --slots)")
     parser.add_argument(
         "--interval", type=float, default=0.0, help="seconds each worker waits between calls"
     )
     parser.add_argument("--out", required=True)
     ns = parser.parse_args(argv)
-    result = asyncio.run(
-        run(ns.socket, ns.concurrency, ns.requests, ns.warmup, ns.slots, ns.interval)
-    )
+    ids = ns.ids.split(",") if ns.ids else [f"kvm-{i}" for i in range(ns.slots)]
+    result = asyncio.run(run(ns.socket, ns.concurrency, ns.requests, ns.warmup, ids, ns.interval))
     tmp = Path(ns.out + ".tmp")
     tmp.write_text(json.dumps(result))
     tmp.replace(ns.out)

@@ -69,6 +69,8 @@ class Figure:
     notes: list[str] = field(default_factory=list)
     load: dict[str, float] = field(default_factory=dict)
     comparable: bool = True  # False: the value follows the run's length, not the plugin
+    # The scaled samples themselves, so rounds can be merged (--versus); not written out.
+    values: list[float] = field(default_factory=list, repr=False)
 
     @property
     def seed_ratio(self) -> float | None:
@@ -83,6 +85,7 @@ class Figure:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        data.pop("values")
         data["seed_ratio"] = self.seed_ratio
         data["targets"] = [t.text(self.unit) for t in self.targets]
         return data
@@ -116,6 +119,7 @@ def figure(
         p95=nearest_rank(scaled, 0.95) if scaled else None,
         p99=nearest_rank(scaled, 0.99) if scaled else None,
         max=max(scaled) if scaled else None,
+        values=scaled,
         **extra,
     )
     fig.evaluate()
@@ -160,6 +164,7 @@ def render_markdown(data: dict[str, Any]) -> str:
         "| Figure | Samples | Median | p95 | p99 | Max | Unit | Seed | x ahead | Target |",
         "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- |",
     ]
+    lines += _side_by_side(data)
     figs = [Figure(**_fields(f)) for f in data["figures"]]
     for f in figs:
         ratio = f"{f.seed_ratio:,.0f}x" if f.seed_ratio is not None else ""
@@ -200,6 +205,37 @@ def render_markdown(data: dict[str, Any]) -> str:
         )
         lines += ["", *render_compare(data["compare"])]
     return "\n".join(lines) + "\n"
+
+
+def _side_by_side(data: dict[str, Any]) -> list[str]:
+    """The --versus table: both plugins' medians and p95s, the ratio and who is ahead."""
+    rows = data.get("side_by_side")
+    if not rows:
+        return []
+    ours, theirs = data["plugin"]["name"], data["versus"]["plugin"]["name"]
+    lines = [
+        "",
+        f"## Side by side: {ours} (ours) and {theirs} (theirs), taking turns in one run",
+        "",
+        "Ratio: how many times ours is ahead (theirs/ours where lower is better, ours/theirs "
+        "where higher is); medians within 5 % of each other, or closer than the instrument "
+        "resolves, are equal. The full figure table below is ours.",
+        "",
+        f"| Figure | Unit | {ours} median | {ours} p95 | {theirs} median | {theirs} p95 "
+        "| Ratio | Ahead | Note |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    for r in rows:
+        o, t = r["ours"] or {}, r["theirs"] or {}
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
+        lines.append(
+            f"| {r['name']} | {r['unit']} | {_num(o.get('median'))} | {_num(o.get('p95'))} "
+            f"| {_num(t.get('median'))} | {_num(t.get('p95'))} | {ratio} | {r['ahead'] or '-'} "
+            f"| {r['note']} |"
+        )
+    behind = [r["name"] for r in rows if r["ahead"] == "theirs"]
+    lines += ["", f"Ours behind on {len(behind)} figure(s): {', '.join(behind) or 'none'}."]
+    return [*lines, "", "## Ours", ""]
 
 
 def _fields(raw: dict[str, Any]) -> dict[str, Any]:

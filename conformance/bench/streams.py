@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 
-from conformance.bench.harness import BenchTimeout, within
+from conformance.bench.waits import BenchTimeout, within
 from plugin.api import deviceplugin_pb2 as pb
 from plugin.api import deviceplugin_pb2_grpc as pb_grpc
 from plugin.api.wire import HEALTHY

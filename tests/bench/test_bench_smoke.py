@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conformance.bench.cli import MUST_HOLD, run
-from conformance.bench.harness import Plan
 from conformance.bench.report import compare, render_markdown
+from conformance.bench.waits import Plan
 
 needs_root_and_kvm = pytest.mark.skipif(
     os.geteuid() != 0 or not Path("/dev/kvm").exists(), reason="needs root and /dev/kvm"
@@ -24,6 +24,8 @@ SMOKE = Plan(
     warmup=1,
     cdi_injections=2,
     restarts=1,
+    plugin_restarts=1,
+    refusals=1,
     health_samples=1,
     stream_counts=(1, 3),
     alloc_requests=((1, 20), (4, 40)),

@@ -88,6 +88,7 @@ class PluginSandbox:
         self.mnt_ns: str | None = None
         self._ns_fd: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self.exec_at: float | None = None  # monotonic time the launcher exec'ed the plugin
         self._closed = False
 
     @property
@@ -147,6 +148,7 @@ class PluginSandbox:
             os.close(write_fd)
         self.ledger.record_process(self._proc.pid, f"plugin in {self.netns_name}")
         error = read_handshake(read_fd, 30.0, f"launcher of {self.argv[0]}")
+        self.exec_at = time.monotonic()  # the handshake ends at the exec (close-on-exec)
         if error:
             code = self._proc.wait(10)
             raise SandboxError(f"launcher failed (exit {code}): {error}")
