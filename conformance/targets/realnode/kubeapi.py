@@ -26,6 +26,7 @@ from conformance.targets.realnode import API_PORT, PODRESOURCES_SOCKET
 
 __all__ = ["Api", "ApiError", "PodResources", "quantity"]  # quantity: kept importable here
 
+
 class ApiError(RuntimeError):
     def __init__(self, status: int, body: str) -> None:
         super().__init__(f"API status {status}: {body[:300]}")
