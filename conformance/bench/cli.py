@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import sys
 import time
@@ -65,6 +66,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="an older bench.json: print new/old per figure, flag regressions > 20 %%",
     )
     parser.add_argument(
+        "--skip-suite",
+        action="store_true",
+        help="do not measure the suite's wall time (two full hvconform runs, minutes each)",
+    )
+    parser.add_argument(
         "--versus",
         default="",
         metavar="PROFILE",
@@ -102,7 +108,10 @@ def runner(ns: argparse.Namespace) -> int:
     if os.geteuid() != 0 or not Path("/dev/kvm").exists():
         print("hvconform bench: needs root (mknod, tmpfs mounts) and /dev/kvm", file=sys.stderr)
         return 2
-    data, failures = run(QUICK if ns.quick else FULL, out, quick=ns.quick, versus=versus)
+    plan = QUICK if ns.quick else FULL
+    if ns.skip_suite:
+        plan = dataclasses.replace(plan, suite=False)
+    data, failures = run(plan, out, quick=ns.quick, versus=versus)
     if old is not None:
         data["compare"] = compare(data, old)
         data["compare_warnings"] = compare_warnings(data, old)

@@ -292,7 +292,7 @@ def suite_wall_time(plan: Plan, log_dir: Path) -> list[Figure]:
         )
         if not plan.suite:
             fig = figure(f"suite.{slug}", name, method, "s", [])
-            fig.notes.append("skipped under --quick: run without --quick to measure it")
+            fig.notes.append("skipped (--quick or --skip-suite): run without either to measure it")
             figures.append(fig)
             continue
         span = procfs.Span()

@@ -93,6 +93,11 @@ async def _storm(subject: Subject, plan: Plan) -> list[Figure]:
 async def _idle(subject: Subject, plan: Plan) -> list[Figure]:
     figs, rows = await idle_footprint(subject.bench, plan, subject.rss)
     subject.threads.extend(rows)
+    if not subject.bench.python:
+        subject.lacks["idle.thread_rate.grpc"] = (
+            "no grpc core threads to tell apart (not a Python grpc plugin): its threads all "
+            "count as its own"
+        )
     return figs
 
 
