@@ -125,6 +125,8 @@ def side_by_side(
         }
         if any(part in key for part in NOT_THE_PLUGIN):
             row["note"] = "not the plugin's figure (the machine's floor, or the suite's time)"
+        elif not ref.get("comparable", True):
+            row["note"] = "follows the run's length, not the plugin"
         elif (o is None or o["median"] is None) and (t is None or t["median"] is None):
             row["note"] = "no samples for either plugin (the figure's notes say why)"
         elif o is None or o["median"] is None:
