@@ -39,8 +39,9 @@ def nearest_existing(path: str, root: str = "/") -> str:
 
 
 def needs_new_root(targets: Sequence[str]) -> bool:
-    """True when a target needs a new top-level directory: only a staged root can hold it."""
-    return any(nearest_existing(resolve(t)) == "/" for t in targets)
+    """True when a target is (or needs) a top-level directory: only a staged root can give it
+    a mount point of the namespace's own."""
+    return any(str(PurePosixPath(resolve(t)).parent) == "/" for t in targets)
 
 
 def ns_path(root: str, path: str) -> str:
@@ -123,11 +124,17 @@ def apply(mount: Mount, binds: Sequence[tuple[str, str]], stage: str | None) -> 
             real = resolve(target, root)
             if real == "/dev" or real.startswith("/dev/"):
                 raise BindError(f"--bind target {target}: under /dev, which the runtime owns")
+            # The mount point is always made in a tmpfs of the namespace's own, even when the
+            # host has the directory: a bind on a host dentry is detached when the host removes
+            # it, and the plugin would then write into the host's real directory.
             anchor = nearest_existing(real, root)
+            skip = ""
+            if anchor == real:
+                anchor, skip = str(PurePosixPath(real).parent), PurePosixPath(real).name
             if anchor == "/" and root == "/":
-                raise BindError(f"--bind target {target}: a new top-level directory needs a stage")
-            if anchor != real and anchor != "/":
-                shadow(mount, ns_path(root, anchor), ns_path(root, anchor))
+                raise BindError(f"--bind target {target}: a top-level directory needs a stage")
+            if anchor != "/":
+                shadow(mount, ns_path(root, anchor), ns_path(root, anchor), skip=skip)
             make_dirs(ns_path(root, real))
             mount(f"/proc/self/fd/{fd}", ns_path(root, real), None, MS_BIND | MS_REC, None)
     finally:
