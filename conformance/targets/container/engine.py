@@ -65,11 +65,26 @@ def ping(host: str, timeout: int = 2) -> bool:
 class DockerEngine:
     """One user of the engine: `acquire()` before use, `release()` after (or `with`)."""
 
-    def __init__(self, ledger: Ledger | None = None, *, what: str = "hvconform") -> None:
+    def __init__(
+        self,
+        ledger: Ledger | None = None,
+        *,
+        what: str = "hvconform",
+        data_root: Path = DATA_ROOT,
+        exec_root: Path = EXEC_ROOT,
+        bridge: bool = False,
+        external: str | None = None,
+        dockerd_args: tuple[str, ...] = (),
+    ) -> None:
         self.ledger = ledger
         self.what = what
-        self.external = os.environ.get("HV_DOCKER_HOST", "")
-        self.host = self.external or f"unix://{EXEC_ROOT}/docker.sock"
+        # bridge: user-defined bridge networks with published ports (kind's "kind" network and
+        # its API server port), still no iptables, NAT or default bridge. Opt-in, for an engine
+        # of its own roots (the kind engine): the default engine keeps every container offline.
+        self.data_root, self.exec_root, self.bridge = data_root, exec_root, bridge
+        self.dockerd_args = dockerd_args  # e.g. a default runtime of its own
+        self.external = os.environ.get("HV_DOCKER_HOST", "") if external is None else external
+        self.host = self.external or f"unix://{exec_root}/docker.sock"
         self.started_here = False  # this user started the engine (evidence, not ownership)
         self._user: Path | None = None
 
@@ -77,8 +92,8 @@ class DockerEngine:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        EXEC_ROOT.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with (EXEC_ROOT / "engine.lock").open("a") as fh:
+        self.exec_root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with (self.exec_root / "engine.lock").open("a") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
                 yield
@@ -86,7 +101,7 @@ class DockerEngine:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     def _live_users(self) -> list[Path]:
-        users = EXEC_ROOT / "users"
+        users = self.exec_root / "users"
         live = []
         for entry in sorted(users.iterdir()) if users.is_dir() else []:
             pid = int(entry.name.split("-", 1)[0])
@@ -104,11 +119,11 @@ class DockerEngine:
             return self.host
         with self._locked():
             if not ping(self.host):
-                if (EXEC_ROOT / "started-by-hvconform").exists():
+                if (self.exec_root / "started-by-hvconform").exists():
                     self._stop()  # ours, but hung or half-dead: start afresh
                 self._start()
                 self.started_here = True
-            users = EXEC_ROOT / "users"
+            users = self.exec_root / "users"
             users.mkdir(exist_ok=True)
             self._user = users / f"{os.getpid()}-{secrets.token_hex(4)}"
             self._user.write_text(self.what + "\n")
@@ -121,7 +136,7 @@ class DockerEngine:
         with self._locked():
             self._user.unlink(missing_ok=True)
             self._user = None
-            if not self._live_users() and (EXEC_ROOT / "started-by-hvconform").exists():
+            if not self._live_users() and (self.exec_root / "started-by-hvconform").exists():
                 self._stop()
 
     def client(self, timeout: int = 120) -> docker.DockerClient:
@@ -150,41 +165,42 @@ class DockerEngine:
         for tool in ("dockerd", "containerd"):
             if not any(Path(d, tool).exists() for d in os.get_exec_path()):
                 raise EngineError(f"{tool} not found: apt-get install docker.io")
-        DATA_ROOT.mkdir(mode=0o711, parents=True, exist_ok=True)
-        ctr_state = EXEC_ROOT / "containerd"
+        self.data_root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        ctr_state = self.exec_root / "containerd"
         ctr_state.mkdir(mode=0o711, exist_ok=True)
         sock = ctr_state / "containerd.sock"
-        conf = EXEC_ROOT / "containerd.toml"
+        conf = self.exec_root / "containerd.toml"
         conf.write_text(
-            _CONTAINERD_CONF.format(root=DATA_ROOT / "containerd", state=ctr_state, sock=sock)
+            _CONTAINERD_CONF.format(root=self.data_root / "containerd", state=ctr_state, sock=sock)
         )
         ctr_pid = self._spawn(
-            ["containerd", "--config", str(conf)], EXEC_ROOT / "containerd.log", "containerd"
+            ["containerd", "--config", str(conf)], self.exec_root / "containerd.log", "containerd"
         )
         self._wait(lambda: sock.exists(), "containerd socket", ctr_pid)
         dockerd = [
-            "dockerd", "--data-root", str(DATA_ROOT), "--exec-root", str(EXEC_ROOT / "exec"),
-            "--pidfile", str(EXEC_ROOT / "dockerd.pid"), "-H", self.host,
+            "dockerd", "--data-root", str(self.data_root), "--exec-root", str(self.exec_root / "exec"),
+            "--pidfile", str(self.exec_root / "dockerd.pid"), "-H", self.host,
             "--containerd", str(sock),
             # No default bridge, no NAT rules, no proxy: containers run with --network none.
             "--bridge", "none", "--iptables=false", "--ip6tables=false", "--ip-masq=false",
-            "--userland-proxy=false", "--storage-driver", "overlay2",
+            f"--userland-proxy={'true' if self.bridge else 'false'}", "--storage-driver",
+            "overlay2", *self.dockerd_args,
         ]  # fmt: skip
-        d_pid = self._spawn(dockerd, EXEC_ROOT / "dockerd.log", "dockerd")
-        (EXEC_ROOT / "started-by-hvconform").write_text(f"{d_pid} {ctr_pid}\n")
+        d_pid = self._spawn(dockerd, self.exec_root / "dockerd.log", "dockerd")
+        (self.exec_root / "started-by-hvconform").write_text(f"{d_pid} {ctr_pid}\n")
         self._wait(lambda: ping(self.host), f"dockerd at {self.host}", d_pid)
 
     def _wait(self, ready: Callable[[], bool], what: str, pid: int) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not ready():
             if not alive(pid):
-                raise EngineError(f"{what}: process {pid} exited; see {EXEC_ROOT}/*.log")
+                raise EngineError(f"{what}: process {pid} exited; see {self.exec_root}/*.log")
             if time.monotonic() > deadline:
                 raise EngineError(f"{what} not up after {START_TIMEOUT_S:g}s")
             time.sleep(0.1)
 
     def _stop(self) -> None:
-        marker = EXEC_ROOT / "started-by-hvconform"
+        marker = self.exec_root / "started-by-hvconform"
         pids = [int(p) for p in marker.read_text().split()]
         # dockerd first: it stops its containers and shims, then containerd can go.
         for pid in pids:

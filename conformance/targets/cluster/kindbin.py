@@ -1,0 +1,34 @@
+"""Which `kind` executable a kind run uses: the one on PATH, else the one `nox -s kind-image`
+built from its module into the cache (KIND_BIN). Stdlib only: the kind target and the node
+image builder (conformance.targets.kindnode) both read these names from here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+KIND_VERSION = "v0.33.0"  # sigs.k8s.io/kind, built with `go install` when none is on PATH
+KIND_CACHE = Path(os.environ.get("HV_KIND_CACHE", "/var/cache/hv-kind"))
+KIND_BIN = KIND_CACHE / "gobin" / "kind"
+
+
+def kind_executable() -> str:
+    """The kind to run: PATH's first, then the cache's; "kind" (fails with 127) when neither."""
+    found = shutil.which("kind")
+    if found:
+        return found
+    return str(KIND_BIN) if os.access(KIND_BIN, os.X_OK) else "kind"
+
+
+def kind_version(executable: str) -> str:
+    """`kind version`'s first word after the name ("kind v0.33.0 go1.26 linux/amd64")."""
+    try:
+        out = subprocess.run(
+            [executable, "version"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout.split()
+    except OSError:
+        return "unavailable"
+    return out[1] if len(out) > 1 else "unknown"

@@ -1,0 +1,35 @@
+"""An offline kind node image (issue 19): `nox -s kind-image` and the engine kind runs under.
+
+Nothing is pulled. The root filesystem is debootstrap's (bookworm, systemd), containerd is
+trixie's 1.7 package (CDI), the Kubernetes components are the real node target's builds of the
+pinned release plus kubeadm, kubectl and kube-proxy from the same build module, and every image
+kubeadm asks for is built from those binaries and preloaded into the image's containerd under the
+name kubeadm uses. The recipe (units, configs, entrypoint, Dockerfile) is kind/node/.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conformance.targets.cluster.kindbin import KIND_CACHE
+from conformance.targets.realnode import KUBERNETES_VERSION, REPO
+
+CACHE = KIND_CACHE
+BIN = CACHE / "bin"
+RECIPE = REPO / "kind" / "node"
+COREDNS_VERSION = "v1.14.6"  # the one kubeadm v1.37.2 deploys (`kubeadm config images list`)
+ETCD_VERSION = "v3.7.0"  # kubeadm v1.37.2's etcd image is 3.7.0-0: the same release, built here
+CONTAINERD_DEB = "1.7.24~ds1-6+deb13u1"  # trixie's, as `nox -s node-deps` installs on the host
+NODE_REPOSITORY = "hv-kind.local/node"
+NODE_IMAGE = f"{NODE_REPOSITORY}:{KUBERNETES_VERSION}"
+KEY_LABEL = "dev.hyperlight.hv.kind-node-key"
+ROOTFS_PACKAGES = (
+    "systemd", "systemd-sysv", "dbus", "iptables", "nftables", "iproute2", "kmod", "mount",
+    "util-linux", "procps", "ca-certificates", "runc", "libseccomp2", "conntrack", "ethtool",
+    "socat",
+)  # fmt: skip
+# The private engine kind runs under here: its own roots, bridge networks allowed (kind makes
+# its "kind" network), still no iptables rules, NAT or default bridge.
+ENGINE_DATA_ROOT = Path("/var/lib/hv-kind-docker")
+ENGINE_EXEC_ROOT = Path("/run/hv-kind-docker")
+ENGINE_HOST = f"unix://{ENGINE_EXEC_ROOT}/docker.sock"

@@ -1,0 +1,114 @@
+"""The Docker engine kind runs under on this machine, and a wrapper that runs a command with it.
+
+kind needs a bridge network (it creates one named "kind") and a published API server port; the
+suite's own engine (conformance.targets.container.engine) has neither, on purpose. So kind gets
+an engine of its own roots (ENGINE_DATA_ROOT, ENGINE_EXEC_ROOT) with bridge networks and the
+userland proxy, still with no iptables rules, NAT or default bridge. Never the host's
+/var/run/docker.sock: the engine is this project's, started on demand and stopped by its last
+user, like the suite's engine.
+
+    python -m conformance.targets.kindnode.engine [--image TAG ...] -- COMMAND ...
+
+runs COMMAND with DOCKER_HOST set to the kind engine and the cache's kind on PATH when none is
+there; each --image is copied from the suite's engine first when the kind engine lacks it (the
+plugin and guest images `nox -s image` builds). The exit code is COMMAND's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+import docker
+
+from conformance.targets.cluster.kindbin import KIND_BIN, kind_executable, kind_version
+from conformance.targets.container.engine import DockerEngine
+from conformance.targets.kindnode import ENGINE_DATA_ROOT, ENGINE_EXEC_ROOT, REPO
+
+RUNTIME = "runc-bounded"
+
+
+def kind_engine(what: str) -> DockerEngine:
+    return DockerEngine(
+        what=what,
+        data_root=ENGINE_DATA_ROOT,
+        exec_root=ENGINE_EXEC_ROOT,
+        bridge=True,
+        external=os.environ.get("HV_KIND_DOCKER_HOST", ""),
+        # kind's nodes are privileged: runc-bounded drops the capabilities this machine's
+        # bounding set lacks (CAP_SYS_RESOURCE), which runc could not grant anyway.
+        dockerd_args=(
+            "--add-runtime", f"{RUNTIME}={REPO / 'scripts' / 'runc-bounded'}",
+            "--default-runtime", RUNTIME,
+        ),
+    )
+
+
+def copy_image(tag: str, source: DockerEngine, target: DockerEngine) -> str:
+    """`docker save | docker load` between the engines; returns what happened."""
+    dst = target.client(timeout=600)
+    try:
+        try:
+            dst.images.get(tag)
+            return "present"
+        except docker.errors.ImageNotFound:
+            pass
+        src = source.client(timeout=600)
+        try:
+            try:
+                image = src.images.get(tag)
+            except docker.errors.ImageNotFound:
+                raise RuntimeError(f"{tag} is in neither engine: run `nox -s image`") from None
+            t0 = time.monotonic()
+            dst.images.load(b"".join(image.save(named=True)))
+            return f"copied in {time.monotonic() - t0:.1f}s"
+        finally:
+            src.close()
+    finally:
+        dst.close()
+
+
+def environment(host: str) -> dict[str, str]:
+    env = dict(os.environ, DOCKER_HOST=host)
+    if kind_executable() == str(KIND_BIN):  # none on PATH: the cache's, by PATH as CI has it
+        env["PATH"] = f"{KIND_BIN.parent}:{env.get('PATH', '')}"
+    return env
+
+
+def log(event: str, **fields: object) -> None:
+    print(json.dumps({"event": event, **fields}), file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kind-engine", description=__doc__.splitlines()[0])
+    parser.add_argument("--image", action="append", default=[], help="copy into the engine")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("kind-engine: no command after --", file=sys.stderr)
+        return 2
+    engine = kind_engine("kind-engine " + command[0])
+    host = engine.acquire()
+    try:
+        env = environment(host)
+        kind = shutil.which("kind", path=env["PATH"]) or "kind"
+        log("kind-engine", host=host, started_here=engine.started_here, kind=kind,
+            kind_version=kind_version(kind))  # fmt: skip
+        if args.image:
+            with DockerEngine(what="kind-engine image copy") as suite_engine:
+                for tag in args.image:
+                    log("image", tag=tag, result=copy_image(tag, suite_engine, engine))
+        return subprocess.run(command, env=env, check=False).returncode
+    finally:
+        engine.release()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
