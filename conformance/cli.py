@@ -18,6 +18,7 @@ from conformance.contract.plugin import ProfileError
 from conformance.contract.plugin import resolve as resolve_plugin
 from conformance.scenarios import CATALOGUE, CLEANUP
 from conformance.targets import RUNTIMES, TARGETS, plan_text
+from conformance.targets.cluster.kindbin import kind_facts
 from conformance.targets.cluster.plan import ENV_OPTIONS, ClusterOptions
 from plugin.api.names import default_plugin_image
 
@@ -68,10 +69,16 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--guest-image",
-        default="",
-        help="kind/aks: workload image with python -m conformance.guest",
+        default=os.environ.get("HV_GUEST_IMAGE", ""),
+        help="kind/aks: workload image with python -m conformance.guest [HV_GUEST_IMAGE]",
     )
     run.add_argument("--cluster-name", default="hvconform", help="kind: cluster name")
+    run.add_argument(
+        "--node-image",
+        default=ClusterOptions.node_image,
+        help="kind: node image (`nox -s kind-image` builds one offline: hv-kind.local/node:TAG)",
+    )
+    run.add_argument("--kind-config", default=ClusterOptions.kind_config, help="kind: config")
     run.add_argument(
         "--keep-cluster",
         action="store_true",
@@ -214,6 +221,8 @@ def _cluster_options(
             run_id=run_id,
             workdir=str(out / "cluster"),
             cluster_name=ns.cluster_name,
+            node_image=ns.node_image,
+            kind_config=ns.kind_config,
             keep_cluster=ns.keep_cluster,
             existing_cluster=ns.existing_cluster,
             resource_group=ns.resource_group,
@@ -240,6 +249,10 @@ def _cluster_options(
             file=sys.stderr,
         )
         return {}, 2
+    if ns.target == "kind":
+        facts = kind_facts(options.node_image)
+        print(f"hvconform: kind {facts['kind']} ({facts['kind_version']}), "
+              f"node image {facts['node_image']}", flush=True)  # fmt: skip
     ns.workers = "0"  # one cluster per run: serial
     return {ENV_OPTIONS: options.to_env()}, None
 

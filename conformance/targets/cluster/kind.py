@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from conformance.targets.cluster.access import DockerExecAccess, NodeAccess
+from conformance.targets.cluster.access import CommandRunner, DockerExecAccess, NodeAccess
 from conformance.targets.cluster.existing import (
     MetadataCheck,
     cluster_steps,
@@ -22,6 +22,7 @@ from conformance.targets.cluster.existing import (
     failed_verdict,
     verdict_message,
 )
+from conformance.targets.cluster.kindbin import kind_env, kind_facts
 from conformance.targets.cluster.kube import Obj
 from conformance.targets.cluster.lifecycle import Action
 from conformance.targets.cluster.node import ClusterNode
@@ -184,5 +185,9 @@ def open_node(
     """The registry's entry: a kind cluster made for this run, its node, always deleted."""
     options = ClusterOptions.from_env().with_(target="kind").validate()
     extra = {"metadata": metadata} if metadata is not None else {}
-    with open_cluster(KindLifecycle(options, None, **extra), out_dir=out_dir) as node:  # type: ignore[arg-type]
+    # kind from PATH, else the one `nox -s kind-image` built into its cache (kindbin)
+    runner = CommandRunner(Path(options.workdir) / "commands.log", env=kind_env())
+    lifecycle = KindLifecycle(options, None, runner=runner, **extra)  # type: ignore[arg-type]
+    lifecycle.report.environment.update(kind_facts(options.node_image))
+    with open_cluster(lifecycle, out_dir=out_dir) as node:
         yield node

@@ -23,6 +23,20 @@ def kind_executable() -> str:
     return str(KIND_BIN) if os.access(KIND_BIN, os.X_OK) else "kind"
 
 
+def kind_env() -> dict[str, str] | None:
+    """The environment kind runs with: None (inherited) unless the cache's kind is the one, then
+    PATH with the cache's directory first, so `kind` resolves as it does on CI."""
+    if kind_executable() != str(KIND_BIN):
+        return None
+    return {**os.environ, "PATH": f"{KIND_BIN.parent}:{os.environ.get('PATH', '')}"}
+
+
+def kind_facts(node_image: str) -> dict[str, str]:
+    """Which kind and node image a run used, for the report and the console."""
+    executable = kind_executable()
+    return {"kind": executable, "kind_version": kind_version(executable), "node_image": node_image}
+
+
 def kind_version(executable: str) -> str:
     """`kind version`'s first word after the name ("kind v0.33.0 go1.26 linux/amd64")."""
     try:

@@ -27,9 +27,10 @@ from collections.abc import Sequence
 
 import docker
 
-from conformance.targets.cluster.kindbin import KIND_BIN, kind_executable, kind_version
+from conformance.targets.cluster.kindbin import kind_env, kind_version
 from conformance.targets.container.engine import DockerEngine
 from conformance.targets.kindnode import ENGINE_DATA_ROOT, ENGINE_EXEC_ROOT, REPO
+from conformance.targets.realnode.node_images import build_images
 
 RUNTIME = "runc-bounded"
 
@@ -75,10 +76,7 @@ def copy_image(tag: str, source: DockerEngine, target: DockerEngine) -> str:
 
 
 def environment(host: str) -> dict[str, str]:
-    env = dict(os.environ, DOCKER_HOST=host)
-    if kind_executable() == str(KIND_BIN):  # none on PATH: the cache's, by PATH as CI has it
-        env["PATH"] = f"{KIND_BIN.parent}:{env.get('PATH', '')}"
-    return env
+    return dict(kind_env() or os.environ, DOCKER_HOST=host)
 
 
 def log(event: str, **fields: object) -> None:
@@ -88,6 +86,12 @@ def log(event: str, **fields: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kind-engine", description=__doc__.splitlines()[0])
     parser.add_argument("--image", action="append", default=[], help="copy into the engine")
+    parser.add_argument(
+        "--project-images",
+        action="store_true",
+        help="the plugin and guest images of `nox -s image` (built when stale): copied, and "
+        "named to COMMAND as HV_IMAGE and HV_GUEST_IMAGE",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -98,12 +102,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     host = engine.acquire()
     try:
         env = environment(host)
+        images = list(args.image)
+        if args.project_images:
+            tags = build_images()
+            env.update(HV_IMAGE=tags["plugin"], HV_GUEST_IMAGE=tags["guest"])
+            images += [tags["plugin"], tags["guest"]]
         kind = shutil.which("kind", path=env["PATH"]) or "kind"
         log("kind-engine", host=host, started_here=engine.started_here, kind=kind,
             kind_version=kind_version(kind))  # fmt: skip
-        if args.image:
+        if images:
             with DockerEngine(what="kind-engine image copy") as suite_engine:
-                for tag in args.image:
+                for tag in images:
                     log("image", tag=tag, result=copy_image(tag, suite_engine, engine))
         return subprocess.run(command, env=env, check=False).returncode
     finally:

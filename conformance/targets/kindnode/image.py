@@ -152,8 +152,20 @@ def build_image(client: docker.DockerClient, *, force: bool = False) -> tuple[st
     finally:
         archive.unlink(missing_ok=True)
         node_tar.unlink(missing_ok=True)
+    _prune(client)
     log("node image built", image=NODE_IMAGE, key=key, seconds=round(time.monotonic() - t0, 1))
     return key, False
+
+
+def _prune(client: docker.DockerClient) -> None:
+    """Earlier node images (same label, no tag left) go, unless a container still uses one."""
+    current = client.images.get(NODE_IMAGE).id
+    for image in client.images.list(filters={"label": KEY_LABEL}):
+        if image.id != current and not image.tags:
+            try:
+                client.images.remove(image.id)
+            except docker.errors.APIError as exc:
+                log("earlier node image kept", id=image.short_id, reason=str(exc)[:200])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

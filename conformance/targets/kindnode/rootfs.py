@@ -101,6 +101,9 @@ def assemble(root: Path, base_tar: Path, deb: Path, bins: dict[str, Path], pause
             capture_output=True,
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive"},
         )
+        # The node's own kvm group, as a node with udev has: the startup metadata check reads
+        # it (`getent group kvm`); nothing in the node changes /dev/kvm (no udev runs there).
+        subprocess.run(["chroot", str(root), "groupadd", "--system", "kvm"], check=True)
     finally:
         null.unlink()
         (root / "tmp" / deb.name).unlink(missing_ok=True)
