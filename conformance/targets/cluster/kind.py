@@ -30,6 +30,9 @@ from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
 from conformance.targets.cluster.run import ClusterLifecycle, open_cluster, quote
 
 
+CLUSTER_LABEL = "io.x-k8s.kind.cluster"  # kind labels each node container with its cluster
+
+
 class KindLifecycle(ClusterLifecycle):
     name = "kind"
 
@@ -115,6 +118,19 @@ class KindLifecycle(ClusterLifecycle):
                     f"kind no longer lists {name}",
                     argv=("kind", "get", "clusters"),
                 ),
+                Step(
+                    "verify-nodes-gone",
+                    "verify",
+                    f"no container of {name} left (its node and volume), no kubeconfig entry",
+                    argv=(
+                        "docker",
+                        "ps",
+                        "--all",
+                        "--quiet",
+                        "--filter",
+                        f"label={CLUSTER_LABEL}={name}",
+                    ),
+                ),
             ]
         steps.append(
             Step("metadata-final", "verify", f"host {o.device} metadata exactly as validated")
@@ -128,6 +144,7 @@ class KindLifecycle(ClusterLifecycle):
             "metadata-startup": self._startup,
             "kind-keep": lambda s: self.report.notes.append(f"cluster kept: {s.what}"),
             "verify-cluster-gone": self._verify_gone,
+            "verify-nodes-gone": self._verify_nodes_gone,
             "metadata-final": lambda s: self._metadata("final"),
         }
 
@@ -165,6 +182,25 @@ class KindLifecycle(ClusterLifecycle):
         listed = self.runner.run(list(step.argv), check=False).stdout.decode().split()
         gone = self.options.cluster_name not in listed
         self.report.verify("kind cluster deleted", gone, f"kind get clusters: {listed}")
+
+    def _verify_nodes_gone(self, step: Step) -> None:
+        # `docker rm --volumes` by kind removes each node's anonymous /var volume with it.
+        left = self.runner.run(list(step.argv), check=False)
+        ids = left.stdout.decode().split()
+        self.report.verify(
+            "kind node containers removed",
+            left.rc == 0 and not ids,
+            f"containers labelled {CLUSTER_LABEL}={self.options.cluster_name}: {ids or 'none'}"
+            + ("" if left.rc == 0 else f" (docker ps failed: {left.stderr.decode()[-200:]})"),
+        )
+        kubeconfig = Path(self.kubeconfig)
+        text = kubeconfig.read_text() if kubeconfig.exists() else ""
+        context = f"kind-{self.options.cluster_name}"
+        self.report.verify(
+            "kubeconfig entries removed",
+            context not in text,
+            f"{kubeconfig}: {'still names' if context in text else 'no'} {context}",
+        )
 
 
 def build_plan(options: ClusterOptions, objects: list[Obj] | None = None) -> list[Step]:

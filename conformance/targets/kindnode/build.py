@@ -30,7 +30,9 @@ THEIRS = ("kubelet", "kube-apiserver", "kube-controller-manager", "kube-schedule
           "pause", "cni")  # fmt: skip
 STAMPS = CACHE / "stamps"
 Log = Callable[[str], None]
-ETCD_MODULE = f"module hv.local/kindetcd\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 {ETCD_VERSION}\n"
+ETCD_MODULE = (
+    f"module hv.local/kindetcd\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 {ETCD_VERSION}\n"
+)
 
 
 @dataclass(frozen=True)
@@ -129,4 +131,3 @@ def build_all(log: Log) -> dict[str, Built]:
         log(f"{name} {built.version}: {origin} ({built.path})")
         out[name] = built
     return out
-

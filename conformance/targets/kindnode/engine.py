@@ -45,8 +45,10 @@ def kind_engine(what: str) -> DockerEngine:
         # kind's nodes are privileged: runc-bounded drops the capabilities this machine's
         # bounding set lacks (CAP_SYS_RESOURCE), which runc could not grant anyway.
         dockerd_args=(
-            "--add-runtime", f"{RUNTIME}={REPO / 'scripts' / 'runc-bounded'}",
-            "--default-runtime", RUNTIME,
+            "--add-runtime",
+            f"{RUNTIME}={REPO / 'scripts' / 'runc-bounded'}",
+            "--default-runtime",
+            RUNTIME,
         ),
     )
 
