@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 KIND_VERSION = "v0.33.0"  # sigs.k8s.io/kind, built with `go install` when none is on PATH
@@ -46,3 +47,19 @@ def kind_version(executable: str) -> str:
     except OSError:
         return "unavailable"
     return out[1] if len(out) > 1 else "unknown"
+
+
+def main() -> int:
+    """`python -m conformance.targets.cluster.kindbin`: which kind a run would use; exit 2 when
+    there is none (neither on PATH nor in the cache)."""
+    executable = kind_executable()
+    if executable == "kind":
+        print(f"kind: none on PATH and none in {KIND_BIN}: `nox -s kind-image` builds it, or "
+              f"`go install sigs.k8s.io/kind@{KIND_VERSION}`", file=sys.stderr)  # fmt: skip
+        return 2
+    print(f"kind: {executable} ({kind_version(executable)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,11 +21,12 @@ from pathlib import Path
 
 from conformance.targets.cluster.kindbin import KIND_BIN, KIND_VERSION
 from conformance.targets.kindnode import BIN, CACHE, COREDNS_VERSION, ETCD_VERSION
+from conformance.targets.realnode import BIN as NODE_BIN
 from conformance.targets.realnode import KUBERNETES_VERSION, REPO
 from conformance.targets.realnode import build as nodebuild
 
 OURS = ("kind", "kubeadm", "kubectl", "kube-proxy", "etcd", "coredns")
-# The node target's, reused read-only from its cache (nodebuild.BIN).
+# The node target's, reused read-only from its cache (NODE_BIN).
 THEIRS = ("kubelet", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "crictl",
           "pause", "cni")  # fmt: skip
 STAMPS = CACHE / "stamps"
@@ -56,7 +57,7 @@ def path_of(name: str) -> Path:
     if name == "kind":
         return KIND_BIN
     if name in THEIRS:
-        return nodebuild.BIN / name
+        return NODE_BIN / name
     return BIN / name
 
 
@@ -91,7 +92,7 @@ def build_one(name: str, *, force: bool = False) -> Built:
     if name in THEIRS:
         version = str(nodebuild._stamp(name).get("version", "unstamped"))
         if not binary.exists() and not (name == "cni" and (binary / "ptp").exists()):
-            raise RuntimeError(f"{name} missing from {nodebuild.BIN}: run `nox -s node-build`")
+            raise RuntimeError(f"{name} missing from {NODE_BIN}: run `nox -s node-build`")
         return Built(name, version, binary, 0.0, cached=True)
     if not force and binary.exists() and _stamp(name).get("version") == version:
         return Built(name, version, binary, float(str(_stamp(name).get("seconds", 0.0))), True)

@@ -29,7 +29,8 @@ import docker
 
 from conformance.targets.cluster.kindbin import kind_env, kind_version
 from conformance.targets.container.engine import DockerEngine
-from conformance.targets.kindnode import ENGINE_DATA_ROOT, ENGINE_EXEC_ROOT, REPO
+from conformance.targets.kindnode import ENGINE_DATA_ROOT, ENGINE_EXEC_ROOT
+from conformance.targets.realnode import REPO
 from conformance.targets.realnode.node_images import build_images
 
 RUNTIME = "runc-bounded"
@@ -77,6 +78,43 @@ def copy_image(tag: str, source: DockerEngine, target: DockerEngine) -> str:
         dst.close()
 
 
+def inventory(engine: DockerEngine) -> dict[str, set[str]]:
+    """What the engine holds that a run could leave behind."""
+    client = engine.client(timeout=60)
+    try:
+        return {
+            "containers": {str(c.name) for c in client.containers.list(all=True)},
+            "networks": {str(n.name) for n in client.networks.list()},
+            "volumes": {v.name for v in client.volumes.list()},
+        }
+    finally:
+        client.close()
+
+
+def leftovers(engine: DockerEngine, before: dict[str, set[str]]) -> dict[str, list[str]]:
+    """What COMMAND added and left. kind never removes its "kind" network (it is shared by every
+    kind cluster of an engine): in this engine of ours it goes once no container uses it."""
+    after = inventory(engine)
+    if "kind" in after["networks"] - before["networks"]:
+        client = engine.client(timeout=60)
+        try:
+            network = client.networks.get("kind")
+            if not network.attrs.get("Containers"):
+                network.remove()
+                after["networks"].discard("kind")
+        finally:
+            client.close()
+    return {kind: sorted(after[kind] - before[kind]) for kind in after}
+
+
+def device_metadata(path: str = "/dev/kvm") -> str:
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"unavailable ({exc.strerror})"
+    return f"{st.st_mode & 0o7777:o} {st.st_uid}:{st.st_gid} {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+
+
 def environment(host: str) -> dict[str, str]:
     return dict(kind_env() or os.environ, DOCKER_HOST=host)
 
@@ -116,7 +154,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             with DockerEngine(what="kind-engine image copy") as suite_engine:
                 for tag in images:
                     log("image", tag=tag, result=copy_image(tag, suite_engine, engine))
-        return subprocess.run(command, env=env, check=False).returncode
+        before, kvm_before = inventory(engine), device_metadata()
+        rc = subprocess.run(command, env=env, check=False).returncode
+        left, kvm_after = leftovers(engine, before), device_metadata()
+        clean = not any(left.values()) and kvm_before == kvm_after
+        log("kind-engine-after", rc=rc, left=left, kvm_before=kvm_before, kvm_after=kvm_after,
+            clean=clean)  # fmt: skip
+        if rc == 0 and not clean:
+            print("kind-engine: the command left something behind (see kind-engine-after)",
+                  file=sys.stderr)  # fmt: skip
+            return 3
+        return rc
     finally:
         engine.release()
 

@@ -33,9 +33,10 @@ from conformance.targets.kindnode import (
     NODE_IMAGE,
     RECIPE,
     ROOTFS_PACKAGES,
+    oci,
+    rootfs,
 )
 from conformance.targets.kindnode import build as kbuild
-from conformance.targets.kindnode import oci, rootfs
 from conformance.targets.kindnode.engine import kind_engine
 from conformance.targets.realnode import KUBERNETES_VERSION
 from conformance.targets.realnode.image import layer as pause_layer
@@ -161,7 +162,7 @@ def _prune(client: docker.DockerClient) -> None:
     """Earlier node images (same label, no tag left) go, unless a container still uses one."""
     current = client.images.get(NODE_IMAGE).id
     for image in client.images.list(filters={"label": KEY_LABEL}):
-        if image.id != current and not image.tags:
+        if image.id and image.id != current and not image.tags:
             try:
                 client.images.remove(image.id)
             except docker.errors.APIError as exc:
