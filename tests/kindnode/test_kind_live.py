@@ -1,0 +1,158 @@
+"""The kind target LIVE on this machine, with failures injected at its lifecycle steps: a real
+kind v0.33 cluster from the offline node image (`nox -s kind-image`) in the kind engine, the
+plugin and guest images of `nox -s image`, and after each failure nothing left behind (no node
+container, volume or kubeconfig entry; the host's /dev/kvm metadata exactly as before).
+
+The whole catalogue on kind is `nox -s conformance-kind -- --node-image hv-kind.local/node:TAG`.
+Skipped (with that reason) where the image cannot be there: no Docker engine binaries, or the
+kind cache not built, as on a fresh CI machine (90 minutes, no cache).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from conformance.targets.cluster import kindbin
+from conformance.targets.cluster.access import CommandRunner
+from conformance.targets.cluster.kind import KindLifecycle
+from conformance.targets.cluster.plan import ClusterOptions
+from conformance.targets.cluster.run import open_cluster
+from conformance.targets.container.engine import DockerEngine
+from conformance.targets.kindnode import NODE_IMAGE
+from conformance.targets.kindnode.engine import copy_image, inventory, kind_engine, leftovers
+from conformance.targets.realnode.node_images import build_images
+
+ROOT = Path(__file__).resolve().parents[2]
+_serial = itertools.count(1)
+pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow]
+
+
+def _kvm() -> tuple[int, int, int, int]:
+    st = os.stat("/dev/kvm")
+    return st.st_mode, st.st_uid, st.st_gid, st.st_rdev
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[dict[str, Any]]:
+    if shutil.which("dockerd") is None or shutil.which("docker") is None:
+        pytest.skip("no dockerd/docker here: the kind engine cannot start")
+    if kindbin.kind_executable() == "kind":
+        pytest.skip("no kind on PATH nor in the cache: run `nox -s kind-image`")
+    eng = kind_engine("tests/kindnode")
+    host = eng.acquire()
+    try:
+        client = eng.client()
+        try:
+            client.images.get(NODE_IMAGE)
+        except docker.errors.ImageNotFound:
+            pytest.skip(f"{NODE_IMAGE} not built: run `nox -s kind-image`")
+        finally:
+            client.close()
+        tags = build_images()
+        with DockerEngine(what="tests/kindnode copy") as suite_engine:
+            for tag in tags.values():
+                copy_image(tag, suite_engine, eng)
+        before = inventory(eng)
+        yield {"engine": eng, "host": host, "tags": tags, "before": before}
+        left = leftovers(eng, before)
+        assert not any(left.values()), f"the live kind tests left {left}"
+    finally:
+        eng.release()
+
+
+def _lifecycle(tmp_path: Path, env: dict[str, Any], **kw: Any) -> KindLifecycle:
+    n = next(_serial)
+    kw = {"image": env["tags"]["plugin"], "guest_image": env["tags"]["guest"], **kw}
+    options = ClusterOptions(
+        target="kind",
+        run_id=f"kl{os.getpid()}{n}",
+        workdir=str(tmp_path / "work"),
+        cluster_name=f"hvt-{os.getpid()}-{n}",
+        node_image=NODE_IMAGE,
+        kind_config=str(ROOT / "kind" / "cluster.yaml"),
+        **kw,
+    ).validate()
+    run_env = dict(kindbin.kind_env() or os.environ, DOCKER_HOST=env["host"])
+    runner = CommandRunner(tmp_path / "work" / "commands.log", env=run_env)
+    return KindLifecycle(options, None, runner=runner)
+
+
+def _assert_nothing_left(lifecycle: KindLifecycle, env: dict[str, Any], kvm: Any) -> None:
+    report = lifecycle.report
+    failed = [s for s in report.steps if s.phase != "setup" and s.status != "ok"]
+    assert not failed, f"cleanup or verification failed: {failed}"
+    for name in ("kind cluster deleted", "kind node containers removed",
+                 "kubeconfig entries removed", "host device metadata (final)"):  # fmt: skip
+        assert report.verification[name]["ok"], report.verification[name]
+    now = inventory(env["engine"])
+    assert now["containers"] == env["before"]["containers"]
+    assert now["volumes"] == env["before"]["volumes"]
+    assert _kvm() == kvm, "/dev/kvm metadata changed"
+
+
+def _fail_at(lifecycle: KindLifecycle, step: str) -> None:
+    actions = lifecycle.actions
+
+    def injected() -> dict[str, Any]:
+        table = actions()
+
+        def fail(_: object) -> None:
+            raise RuntimeError(f"injected failure at {step}")
+
+        table[step] = fail
+        return table
+
+    lifecycle.actions = injected  # type: ignore[method-assign]
+
+
+def test_failure_at_apply_leaves_nothing(tmp_path: Path, engine: dict[str, Any]) -> None:
+    kvm = _kvm()
+    lifecycle = _lifecycle(tmp_path, engine)
+    _fail_at(lifecycle, "apply")
+    out = tmp_path / "out"
+    with (
+        pytest.raises(RuntimeError, match="injected failure at apply"),
+        open_cluster(lifecycle, out_dir=out),
+    ):
+        pytest.fail("setup must fail at apply")
+    ran = [s.id for s in lifecycle.report.steps]
+    assert "kind-create" in ran and "kind-delete" in ran and "baseline" not in ran
+    _assert_nothing_left(lifecycle, engine, kvm)
+
+
+def test_failure_in_a_check_leaves_nothing(tmp_path: Path, engine: dict[str, Any]) -> None:
+    kvm = _kvm()
+    lifecycle = _lifecycle(tmp_path, engine)
+    out = tmp_path / "out"
+    with (
+        pytest.raises(AssertionError, match="injected check failure"),
+        open_cluster(lifecycle, out_dir=out) as node,
+    ):
+        assert node.allocatable() > 0 and node.plugin_ready()
+        raise AssertionError("injected check failure")
+    ran = [s.id for s in lifecycle.report.steps]
+    assert {"baseline", "workloads", "delete-objects", "kind-delete"} <= set(ran)
+    _assert_nothing_left(lifecycle, engine, kvm)
+
+
+def test_failure_at_image_load_leaves_nothing(tmp_path: Path, engine: dict[str, Any]) -> None:
+    """A real failure, not an injected one: kind cannot load a tag the engine does not have."""
+    kvm = _kvm()
+    lifecycle = _lifecycle(tmp_path, engine, guest_image="hv-guest:absent-from-the-engine")
+    out = tmp_path / "out"
+    with (
+        pytest.raises(Exception, match="absent-from-the-engine"),
+        open_cluster(lifecycle, out_dir=out),
+    ):
+        pytest.fail("setup must fail at kind-load-guest")
+    steps = {s.id: s.status for s in lifecycle.report.steps}
+    assert steps["kind-load"] == "ok" and steps["kind-load-guest"] == "failed"
+    _assert_nothing_left(lifecycle, engine, kvm)
