@@ -93,7 +93,7 @@ def test_kind_run_end_to_end_exact_commands_and_cleanup(recorded: Recorded) -> N
     kubeconfig = f"{options.workdir}/kubeconfig-kind-c0ffee01"
     assert recorded.commands("kind") == [
         "create cluster --name hvconform --config kind/cluster.yaml --image kindest/node:v1.31.0"
-        f" --kubeconfig {kubeconfig} --wait 120s",
+        f" --kubeconfig {kubeconfig} --wait 120s --retain",
         "load docker-image hv-device-plugin:0.1.0 --name hvconform",
         f"delete cluster --name hvconform --kubeconfig {kubeconfig}",
         "get clusters",
@@ -196,3 +196,17 @@ def test_a_failing_check_still_cleans_up(recorded: Recorded) -> None:
     with pytest.raises(AssertionError, match="scenario failed"), cm:
         raise AssertionError("scenario failed")
     assert report(out)["cleanup_ok"] and recorded.run_objects() == []
+
+
+def test_a_failed_create_exports_the_node_logs_before_deleting(recorded: Recorded) -> None:
+    """kind create runs with --retain, so the failed node's logs can be exported; the error says
+    where they are (the real failure is in the kubelet's log, not in kind's stack trace)."""
+    recorded.fail_command(r"^kind create cluster")
+    options, _, out, cm = kind_run(recorded)
+    with pytest.raises(Exception, match=r"node logs (in|could not)"), cm:
+        pytest.fail("setup should have failed")
+    kind = recorded.commands("kind")
+    export = next(i for i, c in enumerate(kind) if c.startswith("export logs"))
+    delete = next(i for i, c in enumerate(kind) if c.startswith("delete cluster"))
+    assert export < delete and f"--name {options.cluster_name}" in kind[export]
+    assert report(out)["cleanup_ok"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -67,9 +68,28 @@ class NodeAccessError(RuntimeError):
     """A node command failed in a way the operation does not expect."""
 
 
+_GO_FRAME = re.compile(r"^\s+\S+\.go:\d+|^\S+\.\(?\*?[\w.]+\)?\.?[\w.]*\(?\)?$|^goroutine \d+")
+
+
+def gist(stderr: str, limit: int = 900) -> str:
+    """What a failed tool said, without its Go stack trace (kind and kubeadm append one after the
+    error, and a tail-only excerpt kept nothing but frames): the error lines first, then the
+    tail of the rest, within `limit` characters."""
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    kept: list[str] = []
+    for i, line in enumerate(lines):
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        if _GO_FRAME.match(line) or (nxt.startswith("\t") and ".go:" in nxt):
+            continue
+        kept.append(line)
+    errors = [ln for ln in kept if re.search(r"error|failed|fatal|refused|denied", ln, re.I)]
+    text = "\n".join(dict.fromkeys(errors[:6] + kept[-6:]))
+    return text if len(text) <= limit else text[: limit // 2] + " [...] " + text[-limit // 2 :]
+
+
 class CommandFailed(RuntimeError):
     def __init__(self, argv: list[str], rc: int, stderr: str) -> None:
-        super().__init__(f"`{shlex.join(argv)[:300]}` exited {rc}: {stderr.strip()[-500:]}")
+        super().__init__(f"`{shlex.join(argv)[:300]}` exited {rc}: {gist(stderr)}")
         self.argv = argv
         self.rc = rc
         self.stderr = stderr
@@ -95,6 +115,11 @@ class CommandRunner:
         except FileNotFoundError:
             raise CommandFailed(argv, 127, f"{argv[0]}: executable not found on PATH") from None
         result = ExecResult(proc.returncode, proc.stdout, proc.stderr)
+        if proc.returncode != 0 and self.log is not None:
+            with self.log.open("a") as f:  # the whole answer: the exception keeps only its gist
+                f.write(
+                    f"  exited {proc.returncode}; stderr:\n{proc.stderr.decode(errors='replace')}\n"
+                )
         if check and proc.returncode != 0:
             raise CommandFailed(argv, proc.returncode, proc.stderr.decode(errors="replace"))
         return result

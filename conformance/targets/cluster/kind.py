@@ -14,7 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from conformance.targets.cluster.access import CommandRunner, DockerExecAccess, NodeAccess
+from conformance.targets.cluster.access import (
+    CommandFailed,
+    CommandRunner,
+    DockerExecAccess,
+    NodeAccess,
+)
 from conformance.targets.cluster.existing import (
     MetadataCheck,
     cluster_steps,
@@ -29,8 +34,14 @@ from conformance.targets.cluster.node import ClusterNode
 from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
 from conformance.targets.cluster.run import ClusterLifecycle, open_cluster, quote
 
-
 CLUSTER_LABEL = "io.x-k8s.kind.cluster"  # kind labels each node container with its cluster
+
+
+def kubelet_errors(journal: str, keep: int = 4) -> str:
+    """The kubelet's last error lines ("E1203 ..." in klog, or a journal line naming an error):
+    why a node never became ready is nearly always there."""
+    lines = [ln for ln in journal.splitlines() if " E" in ln[:40] or "error" in ln.lower()]
+    return "\n".join(f"kubelet: {ln.strip()[:300]}" for ln in lines[-keep:])
 
 
 class KindLifecycle(ClusterLifecycle):
@@ -61,9 +72,10 @@ class KindLifecycle(ClusterLifecycle):
         shared = self.shared_steps()
         kept = o.keep_cluster or o.existing_cluster
         images = [o.image] + ([o.guest_image] if o.guest_image and o.guest_image != o.image else [])
+        # --retain: a node that failed to start stays for `kind export logs` (kind-delete is armed)
         create = (
             "kind", "create", "cluster", "--name", name, "--config", o.kind_config,
-            "--image", o.node_image, "--kubeconfig", kcfg, "--wait", "120s",
+            "--image", o.node_image, "--kubeconfig", kcfg, "--wait", "120s", "--retain",
         )  # fmt: skip
         delete = ("kind", "delete", "cluster", "--name", name, "--kubeconfig", kcfg)
         steps = [
@@ -141,6 +153,7 @@ class KindLifecycle(ClusterLifecycle):
         return {
             **super().actions(),
             "metadata-snapshot": lambda s: self._metadata("snapshot"),
+            "kind-create": self._create,
             "metadata-startup": self._startup,
             "kind-keep": lambda s: self.report.notes.append(f"cluster kept: {s.what}"),
             "verify-cluster-gone": self._verify_gone,
@@ -162,6 +175,20 @@ class KindLifecycle(ClusterLifecycle):
         self.report.verify(
             "host device metadata (final)", not failed_verdict(verdict), verdict_message(verdict)
         )
+
+    def _create(self, step: Step) -> None:
+        """kind create; when it fails, the node's logs (kubelet, containerd, journal) are exported
+        before the armed kind-delete removes the node, and the error says where they are."""
+        try:
+            self.runner.run(list(step.argv))
+        except CommandFailed as exc:
+            logs = Path(self.options.workdir) / f"kind-logs-{self.options.cluster_name}"
+            export = ["kind", "export", "logs", str(logs), "--name", self.options.cluster_name]
+            got = self.runner.run(export, timeout=180, check=False)
+            kubelet = logs / self.node_name / "kubelet.log"
+            tail = kubelet_errors(kubelet.read_text(errors="replace")) if kubelet.exists() else ""
+            where = f"node logs in {logs}" if got.rc == 0 else "node logs could not be exported"
+            raise CommandFailed(exc.argv, exc.rc, f"{exc.stderr}\n{where}\n{tail}") from None
 
     def _startup(self, step: Step) -> None:
         if self.metadata is None:
