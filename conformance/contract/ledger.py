@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import threading
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,14 +42,22 @@ def process_ident(pid: int) -> str:
     return f"{pid}:{_proc_start_time(pid) or '?'}"
 
 
-def _mount_points() -> set[str]:
-    points = set()
+def _mount_points() -> Counter[str]:
+    """Mount point -> how many mounts are stacked there (a fault's bind may sit on a mount the
+    run did not make, such as the real node's own tmpfs)."""
+    points: Counter[str] = Counter()
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        points.add(line.split()[4].replace("\\040", " "))
+        points[line.split()[4].replace("\\040", " ")] += 1
     return points
 
 
-def still_present(entry: Entry, mounts: set[str] | None = None) -> bool:
+def mounts_at(path: str) -> int:
+    """Mounts stacked at `path` now; recorded as `below=N` before mounting over a mount point,
+    so the entry counts as gone once the stack is back to N."""
+    return _mount_points()[path]
+
+
+def still_present(entry: Entry, mounts: Counter[str] | None = None) -> bool:
     """Whether the resource the entry names still exists on this machine."""
     if entry.detail.startswith("shared"):
         # Shared by concurrent runs (/run/netns): a leak only if it stays with nobody inside.
@@ -62,7 +71,8 @@ def still_present(entry: Entry, mounts: set[str] | None = None) -> bool:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         return current == start and state != "Z"
     if entry.kind == "mount":
-        return entry.ident in (mounts if mounts is not None else _mount_points())
+        below = int(_detail_fields(entry.detail).get("below", "0"))
+        return (mounts if mounts is not None else _mount_points())[entry.ident] > below
     if entry.kind == "netns":
         return Path("/run/netns", entry.ident).exists()
     if entry.kind == "link":

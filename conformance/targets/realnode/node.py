@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.contract.base import set_up
+from conformance.contract.ledger import mounts_at
 from conformance.contract.node import (
     CAP_DEVICE_VIEW,
     CAP_GUEST,
@@ -94,6 +95,9 @@ class RealNode(HostFiles):
         self._guests: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
         self._ro_mounts: list[Path] = []
         self.state = RUN / "workloads"
+        # Wall time of the last restart: node status older than this is the kubelet's view from
+        # before it (the old plugin's devices), which a check must never take as recovery.
+        self._fresh_after = 0.0
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -158,12 +162,14 @@ class RealNode(HostFiles):
         target, staging = self.dirs[area], RUN / f"ro-{area}"
         if read_only:
             staging.mkdir(exist_ok=True)
+            # the CDI dir is the stack's own tmpfs: the entry is gone when that one is back on top
+            below = {mp: mounts_at(str(mp)) for mp in (staging, target)}
             mount(["-t", "tmpfs", "-o", "size=1m,mode=0755", "hv-ro", str(staging)])
             subprocess.run(["mount", "-o", "remount,ro", str(staging)], check=True)
             mount(["--bind", str(staging), str(target)])
             self._ro_mounts += [staging, target]
             for mp in (staging, target):
-                self.ledger.record("mount", str(mp), "read-only storage fault")
+                self.ledger.record("mount", str(mp), f"read-only storage fault below={below[mp]}")
         else:
             for mp in (target, staging):
                 umount(mp)
@@ -198,6 +204,9 @@ class RealNode(HostFiles):
 
     def restart_plugin(self) -> None:
         self._plugin().stop()
+        # after the stop: the kubelet sees the old stream close at once, so any status stamped
+        # later no longer counts the old plugin's devices as healthy
+        self._fresh_after = time.time()
         self._start_plugin()
 
     def redirect_plugin_sockets(self, empty: bool) -> None:
@@ -219,7 +228,7 @@ class RealNode(HostFiles):
         """Back = when the new kubelet.sock was made (a plugin may register before healthz)."""
         kubelet = procs.recorded("kubelet")
         assert kubelet is not None
-        stopped_wall = time.time()
+        stopped_wall = self._fresh_after = time.time()
         kubelet.stop(sig=signal.SIGTERM if graceful else signal.SIGKILL)
         stack.start_kubelet(self.api)
         sock = PLUGIN_DIR / KUBELET_SOCKET
@@ -245,10 +254,33 @@ class RealNode(HostFiles):
         wall = datetime.strptime(f"{year}{last}", "%Y%m%d %H:%M:%S.%f").replace(tzinfo=UTC)
         return wall.timestamp() - (time.time() - time.monotonic())
 
-    def _status(self, key: str) -> int:
+    def _node_status(self) -> dict[str, Any]:
         assert self.api is not None
-        node = self.api.get(f"/api/v1/nodes/{NODE_NAME}")
-        return quantity(node["status"].get(key, {}).get(RESOURCE, "0"))
+        status: dict[str, Any] = self.api.get(f"/api/v1/nodes/{NODE_NAME}")["status"]
+        return status
+
+    def _status(self, key: str) -> int:
+        """The kubelet's figure from a node status written after the last restart: the status
+        is a copy the kubelet refreshes every second (nodeStatusReportFrequency), and right
+        after a plugin restart it still shows the old plugin's devices while the kubelet itself
+        holds none until the new ListAndWatch: an Allocate then is refused."""
+        fresh = (
+            self._node_status()
+            if not self._fresh_after
+            else wait_for(
+                self._status_after_restart, 15, "a node status written after the last restart"
+            )
+        )
+        return quantity(fresh.get(key, {}).get(RESOURCE, "0"))
+
+    def _status_after_restart(self) -> dict[str, Any] | None:
+        status = self._node_status()
+        for cond in status.get("conditions", []):
+            if cond.get("type") == "Ready":
+                beat = datetime.fromisoformat(cond["lastHeartbeatTime"].replace("Z", "+00:00"))
+                # RFC 3339 seconds: a beat stamped S happened in [S, S+1)
+                return status if beat.timestamp() >= self._fresh_after else None
+        return None
 
     def capacity(self) -> int:
         return self._status("capacity")
