@@ -77,15 +77,32 @@ class Registrar:
             self._watcher.rewatch()
 
     async def _serve(self) -> None:
+        """A fresh server on a fresh socket name; while the plugin dir cannot hold a socket (it
+        vanished, or another node agent replaces it), not registered, and retried on the dir's
+        next event or the fallback poll: never a crash, the dir usually comes back."""
         # Streams on the old server belong to a kubelet that is gone: no grace for them.
         await self._stop_server(grace=0.0)
-        name = f"{self._cfg.socket_prefix}-{secrets.token_hex(4)}.sock"
-        path = self._cfg.device_plugin_dir / name
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
-        self._make_servicer().add_to_server(server)
-        health_pb2_grpc.add_HealthServicer_to_server(GrpcHealth(self._health), server)
-        server.add_insecure_port(f"unix:{path}")
-        await server.start()
+        failing = ""
+        while True:
+            name = f"{self._cfg.socket_prefix}-{secrets.token_hex(4)}.sock"
+            path = self._cfg.device_plugin_dir / name
+            opts = [("grpc.max_receive_message_length", MAX_REQUEST_BYTES)]
+            server = grpc.aio.server(options=opts)
+            self._make_servicer().add_to_server(server)
+            health_pb2_grpc.add_HealthServicer_to_server(GrpcHealth(self._health), server)
+            try:
+                # grpcio says RuntimeError when it cannot bind (no dir, not a dir, no access)
+                server.add_insecure_port(f"unix:{path}")
+                await server.start()
+            except RuntimeError as exc:
+                await server.stop(grace=None)
+                if str(exc) != failing:
+                    failing = str(exc)
+                    warn("serve_failed", socket=str(path), error=failing)
+                self._health.set_registered(False, f"cannot serve at {path}: {failing}")
+                await self._wait_kick(RESTART_POLL_S)
+                continue
+            break
         self._server, self._socket, self._socket_inode = server, path, _inode(path)
         log("serving", socket=str(path))
 
