@@ -62,9 +62,9 @@ _PYTEST = (
 )
 
 
-def _pytest(session: nox.Session, *args: str) -> None:
+def _pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None) -> None:
     """pytest; any non-zero exit fails the session (5, no tests collected, is never a pass)."""
-    session.run("python", "-c", _PYTEST, *args)
+    session.run("python", "-c", _PYTEST, *args, env=env)
 
 
 @nox.session(python=PYTHON)
@@ -183,6 +183,21 @@ def kind_image(session: nox.Session) -> None:
                   "crictl", "pause", "cni")  # fmt: skip
     session.run("python", "-m", "conformance.targets.realnode.build", *components)
     session.run("python", "-m", "conformance.targets.kindnode.image", *session.posargs)
+
+
+@nox.session(python=PYTHON, name="kind-live")
+def kind_live(session: nox.Session) -> None:
+    """The live kind tests (tests/kindnode/test_kind_live.py): the kind image first (kind-image,
+    cached), then real kind clusters with failures injected at their lifecycle steps. Apart from
+    `tests` because the image takes most of an hour to build on a fresh machine."""
+    session.install("-e", ".[dev]")
+    components = ("kubelet", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                  "crictl", "pause", "cni")  # fmt: skip
+    session.run("python", "-m", "conformance.targets.realnode.build", *components)
+    session.run("python", "-m", "conformance.targets.kindnode.image")
+    _pytest(
+        session, "tests/kindnode/test_kind_live.py", *session.posargs, env={"HV_KIND_LIVE": "1"}
+    )
 
 
 @nox.session(python=PYTHON, name="conformance-aks")
