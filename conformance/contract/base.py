@@ -52,6 +52,12 @@ class NodeBase:
     def restore_plugin_sockets(self) -> None:
         raise NotApplicable(f"target '{self.name}' cannot start the plugin in an isolated dir")
 
+    def start_rollout(self) -> None:
+        raise NotApplicable(f"target '{self.name}' does not deploy the plugin with a rollout")
+
+    def rollout_done(self) -> bool:
+        raise NotApplicable(f"target '{self.name}' does not deploy the plugin with a rollout")
+
     def restore_baseline(self) -> list[str]:
         """Put the node back as it was before the last check; what could not be restored.
 

@@ -25,6 +25,8 @@ CAP_SOCKET_REDIRECT = "socket-redirect"
 CAP_GUEST = "guest"
 CAP_LONG_GUEST = "long-guest"
 CAP_READ_STORM = "read-storm"
+# The plugin is deployed by something that can roll it (a DaemonSet): an operator's upgrade.
+CAP_ROLLOUT = "rollout"
 # Optional RPCs the plugin declares in GetDevicePluginOptions (csi-sanity asks a driver for its
 # capabilities the same way): the checks of an optional RPC apply only when it is declared.
 CAP_PREFERRED_ALLOCATION = "preferred-allocation"
@@ -140,6 +142,10 @@ class Node(Protocol):
     def start_plugin_isolated(self) -> None: ...
     def restore_plugin_sockets(self) -> None: ...
     def restore_baseline(self) -> list[str]: ...
+
+    # a rolling update of whatever deploys the plugin (CAP_ROLLOUT)
+    def start_rollout(self) -> None: ...
+    def rollout_done(self) -> bool: ...
 
 
 def require(node: Node, *caps: str) -> None:

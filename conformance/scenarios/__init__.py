@@ -60,6 +60,9 @@ CATALOGUE: tuple[Check, ...] = (
           "plugin replaced: registered again; a running guest keeps counting"),
     Check("restart-kubelet", "restart", "Kubelet restart", restart.restart_kubelet,
           "graceful and crash kubelet restarts: re-registration time measured"),
+    Check("rollout-safety", "restart", "Plugin DaemonSet rollout", restart.rollout_safety,
+          "DaemonSet rolled, same code: running guests keep counting, every guest admitted "
+          "meanwhile runs, allocatable back to capacity", level="extended"),
     Check("atomic-replacement", "atomicity", "Atomic replacement during allocation",
           atomicity.atomic_replacement,
           "readers during allocation-triggered repair: zero torn reads, zero errors"),

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import time
+
 from conformance.contract.node import (
+    CAP_GUEST,
     CAP_KUBELET_CRASH,
     CAP_KUBELET_RESTART,
     CAP_LONG_GUEST,
     CAP_PLUGIN_RESTART,
+    CAP_ROLLOUT,
     Node,
     require,
 )
 from conformance.contract.results import Recorder
-from conformance.contract.wait import wait_for
+from conformance.contract.wait import expired, wait_for
 from conformance.scenarios.common import RECOVERY_TIMEOUT_S, fresh_guest, wait_ready
+
+ROLLOUT_TIMEOUT_S = 300.0
 
 
 def restart_plugin(node: Node, rec: Recorder) -> None:
@@ -76,3 +82,48 @@ def restart_kubelet(node: Node, rec: Recorder) -> None:
             float(rec.record.metrics.get("reregistration_crash_s", 0.0)),
         ),
     )
+
+
+def rollout_safety(node: Node, rec: Recorder) -> None:
+    """An operator's upgrade: the plugin's DaemonSet rolled with the same code. Guests running
+    before keep running; a guest admitted while the old plugin goes and the new one comes must
+    really run (being refused then is fine, being admitted without a usable device is not);
+    allocatable returns to capacity."""
+    require(node, CAP_ROLLOUT)
+    wait_ready(node, rec, "before rollout")
+    capacity = node.capacity()
+    guest = node.session_guest if CAP_LONG_GUEST in node.capabilities else None
+    counter_before = node.long_guest_counter(guest) if guest else 0
+    t0 = rec.event("rollout started")
+    node.start_rollout()
+    admitted = refused = 0
+    deadline = time.monotonic() + ROLLOUT_TIMEOUT_S
+    while not node.rollout_done():
+        if time.monotonic() > deadline:
+            raise expired("rollout done on this node", ROLLOUT_TIMEOUT_S, f"{admitted=} {refused=}")
+        allocation = node.allocate()  # pinned to this node: admission is the kubelet's
+        try:
+            if not allocation.ok:
+                refused += 1
+                continue
+            admitted += 1
+            if CAP_GUEST in node.capabilities:
+                outcome = node.run_guest(allocation)
+                assert outcome.ok, (
+                    f"a guest admitted during the rollout could not run: {outcome.detail}"
+                )
+        finally:
+            node.release(allocation)
+    rec.metric("rollout_s", rec.event("rollout done") - t0)
+    rec.metric("admitted_during_rollout", admitted)
+    rec.metric("refused_during_rollout", refused)
+    wait_for(lambda: node.allocatable() == capacity, RECOVERY_TIMEOUT_S,
+             f"allocatable back to capacity ({capacity}) after the rollout")  # fmt: skip
+    wait_ready(node, rec, "after rollout")
+    if guest:
+        wait_for(
+            lambda: node.long_guest_counter(guest) > counter_before,
+            30,
+            "the guest started before the rollout to keep counting",
+        )
+    fresh_guest(node, rec, "rollout")

@@ -22,6 +22,7 @@ from conformance.contract.node import (
     CAP_LONG_GUEST,
     CAP_PLUGIN_RESTART,
     CAP_READ_ONLY,
+    CAP_ROLLOUT,
     CAP_SOCKET_REDIRECT,
     Area,
     FileInfo,
@@ -43,6 +44,7 @@ from conformance.targets.cluster.inside import InsideFaults
 from conformance.targets.cluster.kube import ApiError, KubeApi, Obj
 from conformance.targets.cluster.kubelet import KubeletControl
 from conformance.targets.cluster.plan import ClusterOptions
+from conformance.targets.cluster.rollout import Rollout
 from conformance.targets.cluster.workloads import (
     RESOURCE,
     Layout,
@@ -68,7 +70,7 @@ PROCESS_STATUS = (
 )
 
 
-class ClusterNode(GuestPods, InsideFaults, KubeletControl, NodeBase):
+class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
     """One node of a cluster, with the plugin deployed by the harness."""
 
     resource = RESOURCE
@@ -110,7 +112,7 @@ class ClusterNode(GuestPods, InsideFaults, KubeletControl, NodeBase):
         self._removed: tuple[Area, str] | None = None
 
     def _capabilities(self) -> frozenset[str]:
-        caps = {CAP_KUBELET_RESTART, CAP_KUBELET_CRASH, CAP_PLUGIN_RESTART}
+        caps = {CAP_KUBELET_RESTART, CAP_KUBELET_CRASH, CAP_PLUGIN_RESTART, CAP_ROLLOUT}
         kvm = self.options.hypervisor == "kvm"
         if self.layout.host_view_isolated:
             caps.add(CAP_DEVICE_REMAP)
