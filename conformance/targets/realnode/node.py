@@ -43,7 +43,7 @@ from conformance.contract.node import (
 from conformance.contract.plugin import flag_convention_command
 from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.wait import wait_for
-from conformance.targets.local.hostfiles import HostFiles, device_metadata, mount, umount
+from conformance.targets.local.hostfiles import device_metadata, mount, umount
 from conformance.targets.realnode import (
     BIN,
     CDI_DIR,
@@ -55,7 +55,8 @@ from conformance.targets.realnode import (
     stack,
 )
 from conformance.targets.realnode.configs import NAMESPACE, PKI, workload_pod
-from conformance.targets.realnode.kubeapi import Api, ApiError, PodResources, quantity
+from conformance.targets.realnode.freshness import FreshStatus
+from conformance.targets.realnode.kubeapi import Api, ApiError, PodResources
 from plugin.api.names import HYPERVISOR_RESOURCE, SPEC_FILENAME
 from plugin.api.wire import KUBELET_SOCKET
 
@@ -68,7 +69,7 @@ _REGISTERED = re.compile(
 )
 
 
-class RealNode(HostFiles):
+class RealNode(FreshStatus):
     name = "node"
     resource = RESOURCE
     spec_name = SPEC_NAME
@@ -95,9 +96,6 @@ class RealNode(HostFiles):
         self._guests: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
         self._ro_mounts: list[Path] = []
         self.state = RUN / "workloads"
-        # Wall time of the last restart: node status older than this is the kubelet's view from
-        # before it (the old plugin's devices), which a check must never take as recovery.
-        self._fresh_after = 0.0
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -174,6 +172,7 @@ class RealNode(HostFiles):
             for mp in (target, staging):
                 umount(mp)
                 self._ro_mounts.remove(mp)
+        self.touched()
 
     # -- the plugin -------------------------------------------------------------------------
 
@@ -204,9 +203,7 @@ class RealNode(HostFiles):
 
     def restart_plugin(self) -> None:
         self._plugin().stop()
-        # after the stop: the kubelet sees the old stream close at once, so any status stamped
-        # later no longer counts the old plugin's devices as healthy
-        self._fresh_after = time.time()
+        self.touched()  # after the stop: the kubelet sees the old stream close at once
         self._start_plugin()
 
     def redirect_plugin_sockets(self, empty: bool) -> None:
@@ -228,7 +225,8 @@ class RealNode(HostFiles):
         """Back = when the new kubelet.sock was made (a plugin may register before healthz)."""
         kubelet = procs.recorded("kubelet")
         assert kubelet is not None
-        stopped_wall = self._fresh_after = time.time()
+        stopped_wall = time.time()
+        self.touched()
         kubelet.stop(sig=signal.SIGTERM if graceful else signal.SIGKILL)
         stack.start_kubelet(self.api)
         sock = PLUGIN_DIR / KUBELET_SOCKET
@@ -253,40 +251,6 @@ class RealNode(HostFiles):
         year = datetime.now(UTC).year
         wall = datetime.strptime(f"{year}{last}", "%Y%m%d %H:%M:%S.%f").replace(tzinfo=UTC)
         return wall.timestamp() - (time.time() - time.monotonic())
-
-    def _node_status(self) -> dict[str, Any]:
-        assert self.api is not None
-        status: dict[str, Any] = self.api.get(f"/api/v1/nodes/{NODE_NAME}")["status"]
-        return status
-
-    def _status(self, key: str) -> int:
-        """The kubelet's figure from a node status written after the last restart: the status
-        is a copy the kubelet refreshes every second (nodeStatusReportFrequency), and right
-        after a plugin restart it still shows the old plugin's devices while the kubelet itself
-        holds none until the new ListAndWatch: an Allocate then is refused."""
-        fresh = (
-            self._node_status()
-            if not self._fresh_after
-            else wait_for(
-                self._status_after_restart, 15, "a node status written after the last restart"
-            )
-        )
-        return quantity(fresh.get(key, {}).get(RESOURCE, "0"))
-
-    def _status_after_restart(self) -> dict[str, Any] | None:
-        status = self._node_status()
-        for cond in status.get("conditions", []):
-            if cond.get("type") == "Ready":
-                beat = datetime.fromisoformat(cond["lastHeartbeatTime"].replace("Z", "+00:00"))
-                # RFC 3339 seconds: a beat stamped S happened in [S, S+1)
-                return status if beat.timestamp() >= self._fresh_after else None
-        return None
-
-    def capacity(self) -> int:
-        return self._status("capacity")
-
-    def allocatable(self) -> int:
-        return self._status("allocatable")
 
     # -- workloads ------------------------------------------------------------------------
 
