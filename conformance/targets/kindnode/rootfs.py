@@ -61,9 +61,13 @@ def containerd_deb(log: Log) -> Path:
     with tempfile.TemporaryDirectory(prefix="hv-kind-apt-") as tmp:
         options = private_apt(Path(tmp))
         _apt(["update"], options)
-        _apt(["-o", f"Dir::Cache::Archives={tmp}", "download", f"containerd={CONTAINERD_DEB}"],
-             options)  # fmt: skip
-        subprocess.run(["sh", "-c", f"mv {tmp}/containerd_*.deb {out}.tmp"], check=True)
+        # `apt-get download` writes into its working directory: the temporary one, never the
+        # caller's (a checkout would get an untracked .deb)
+        _apt(["download", f"containerd={CONTAINERD_DEB}"], options, cwd=Path(tmp))
+        debs = sorted(Path(tmp).glob("containerd_*.deb"))
+        if len(debs) != 1:
+            raise RuntimeError(f"apt-get download gave {[d.name for d in debs]}, not one .deb")
+        shutil.copyfile(debs[0], f"{out}.tmp")
     Path(f"{out}.tmp").replace(out)
     return out
 

@@ -115,9 +115,12 @@ def judge(simulation: str) -> list[str]:
     return problems
 
 
-def _apt(args: Sequence[str], options: Sequence[str] = ()) -> str:
+def _apt(args: Sequence[str], options: Sequence[str] = (), cwd: Path | None = None) -> str:
+    """apt-get; `cwd` matters to `download`, which writes the package there."""
     env_args = ["apt-get", "-q", *options, *args]
-    res = subprocess.run(env_args, capture_output=True, text=True, check=False, env=APT_ENV)
+    res = subprocess.run(
+        env_args, capture_output=True, text=True, check=False, env=APT_ENV, cwd=cwd
+    )
     if res.returncode != 0:
         tail = (res.stderr or res.stdout).strip().splitlines()[-1:]
         raise DepsError(f"{' '.join(env_args[:3])} {args[0]} failed: {' '.join(tail)}")
