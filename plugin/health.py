@@ -111,6 +111,14 @@ class HealthState:
         metrics.READY.set(1 if self.ready else 0)
         metrics.HEALTHY.set(1 if healthy else 0)
 
+    def reassert(self) -> None:
+        """Send the same device list again on every stream. The kubelet keys devices by
+        resource name, not by endpoint: a predecessor that goes after this instance registered
+        (its empty list on SIGTERM, or its stream's end) zeroes the devices the kubelet holds
+        for this one, until this one sends a list again."""
+        if not self.shutting_down:
+            self._bump()
+
     def shutdown(self) -> None:
         self.shutting_down = True
         self._bump()

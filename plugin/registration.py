@@ -30,6 +30,8 @@ from plugin.watch import DirWatcher
 
 # Fallback poll for restart detection when inotify events are missed (e.g. a remounted dir).
 RESTART_POLL_S = 1.0
+# After a predecessor's socket is removed, the device list is sent again now and this much later.
+REASSERT_AGAIN_S = 1.0
 # gRPC's own default, made explicit: a larger request is refused by gRPC (RESOURCE_EXHAUSTED)
 # before it is read. The largest valid one (--slots IDs) is about 120 KiB.
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
@@ -61,14 +63,39 @@ class Registrar:
         self._kubelet_inode: tuple[int, int] | None = None
         self._kick = asyncio.Event()
         self._watcher: DirWatcher | None = None
+        self._reasserted_at = float("-inf")
+        self._reassert_later: asyncio.TimerHandle | None = None
         self.registrations = 0
 
     @property
     def socket_path(self) -> Path | None:
         return self._socket
 
-    def _on_dir_event(self, _dir: Path, _name: str) -> None:
+    def _on_dir_event(self, _dir: Path, name: str) -> None:
         self._kick.set()
+        if not self._predecessor_gone(name):
+            return
+        # Once now, once after the kubelet has surely seen that stream end as well; a burst of
+        # events (create and delete of one socket, several instances) is one re-assertion.
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._reasserted_at >= REASSERT_AGAIN_S:
+            self._reasserted_at = loop.time()
+            log("devices_reasserted", reason=f"another plugin socket removed: {name}")
+            self._health.reassert()
+        if self._reassert_later is not None:
+            self._reassert_later.cancel()
+        self._reassert_later = loop.call_later(REASSERT_AGAIN_S, self._health.reassert)
+
+    def _predecessor_gone(self, name: str) -> bool:
+        """A plugin socket other than ours and the kubelet's was just removed: an instance that
+        stopped, perhaps after this one registered (a DaemonSet pod replaced, a rollout)."""
+        return bool(
+            self.registrations
+            and name.endswith(".sock")
+            and name != KUBELET_SOCKET
+            and (self._socket is None or name != self._socket.name)
+            and not (self._cfg.device_plugin_dir / name).exists()
+        )
 
     def on_mount_change(self) -> None:
         """The plugin dir may now be another mount: watch it again and re-evaluate at once."""

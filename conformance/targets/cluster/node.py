@@ -275,6 +275,17 @@ class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
             )
 
         wait_for(replaced, self.options.pod_timeout, "replacement plugin pod running", self._poll)
+        # The old pod may still be terminating while the new one registers: the restart is done
+        # when it is gone, so a check always sees the old plugin's last word to the kubelet
+        # (its empty list or stream end, which the kubelet applies to the resource name).
+        wait_for(lambda: not self._plugin_pods_with_uid(old_uid), self.options.pod_timeout,
+                 "the replaced plugin pod gone (terminated and deleted)", self._poll)  # fmt: skip
+
+    def _plugin_pods_with_uid(self, uid: str) -> list[Obj]:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(self.layout.selector.items()))
+        pods = self.api.list_objects("v1", "Pod", self.layout.namespace, labels=selector,
+                                     fields=f"spec.nodeName={self.node_name}")  # fmt: skip
+        return [p for p in pods if p["metadata"]["uid"] == uid]
 
     def restart_plugin(self) -> None:
         pod = self._pod()
