@@ -19,6 +19,7 @@ import pytest
 from conformance.contract import hostfacts
 from conformance.contract.preconditions import Finding, Requirement
 from conformance.targets import preflight
+from conformance.targets.cluster.kindbin import KIND_VERSION
 from conformance.targets.local.runtime import workload_python
 from conformance.targets.realnode import REPO
 from conformance.targets.realnode import preflight as node_preflight
@@ -43,6 +44,10 @@ def assert_unmet(finding: Finding, found: str, need: str, fix: str) -> None:
 
 M = "missing (not on PATH)"
 BOOT = "scripts/bootstrap (apt-get install docker.io podman crun debootstrap)"
+KIND_FIX = (
+    f"nox -s kind-image (builds kind {KIND_VERSION} into its cache), or "
+    f"go install sigs.k8s.io/kind@{KIND_VERSION} and put it first on PATH"
+)
 UL = "apt-get install util-linux mount"
 DOCKER_FIX = "start the Docker engine (systemctl start docker) or install docker.io"
 CONTAINERD_16 = "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3"
@@ -68,10 +73,10 @@ CASES = [
      node_preflight.CONTAINERD_FIX),
     ("node", "process", "runc", "runc", "runc version 1.0.0-rc93", "1.0.0", ">= 1.1",
      "apt-get install runc"),
-    ("kind", "process", "kind", "kind", "kind v0.11.1 go1.16.4 linux/amd64", "0.11.1",
-     ">= 0.20", "go install sigs.k8s.io/kind@latest (then put $(go env GOPATH)/bin on PATH)"),
-    ("kind", "process", "kind", "kind", None, M, ">= 0.20",
-     "go install sigs.k8s.io/kind@latest (then put $(go env GOPATH)/bin on PATH)"),
+    # v0.27 writes kubeadm v1beta3, which the v1.37 node image's kubeadm refuses (CI, live)
+    ("kind", "process", "kind", "kind", "kind v0.27.0 go1.23.4 linux/amd64", "0.27.0",
+     ">= 0.32", KIND_FIX),
+    ("kind", "process", "kind", "kind", None, M, ">= 0.32", KIND_FIX),
     ("aks", "process", "az", "az", "2.40.0", "2.40.0", ">= 2.50",
      "install the Azure CLI (apt-get install azure-cli) and az login"),
     ("aks", "process", "az", "az", None, M, ">= 2.50",

@@ -14,9 +14,13 @@ from typing import Any
 
 from conformance.contract.preconditions import Found, Requirement, ask, tool, version_of
 from conformance.manifests.chart import ChartError, helm_binary
+from conformance.targets.cluster.kindbin import KIND_VERSION
 from conformance.targets.cluster.kube import ApiError, KubeApi
 
-KIND_MINIMUM = "0.20"  # kindest/node images for Kubernetes 1.31+
+# kind writes the node's kubeadm config; kubeadm v1.36+ refuses v1beta3, and v0.32 is the first
+# kind that writes v1beta4 for them (older node images work with it too). An older kind on PATH
+# was why kind create failed in CI ("your configuration file uses an old API spec").
+KIND_MINIMUM = "0.32"
 AZ_MINIMUM = "2.50"  # az aks nodepool add --node-taints/--labels as the plan uses them
 
 
@@ -66,7 +70,8 @@ def preconditions(target: str, runtime: str = "process") -> list[Requirement]:
         ["kind", "version"],
         minimum=KIND_MINIMUM,
         feature="creating and deleting the throwaway cluster",
-        fix="go install sigs.k8s.io/kind@latest (then put $(go env GOPATH)/bin on PATH)",
+        fix=f"nox -s kind-image (builds kind {KIND_VERSION} into its cache), or "
+        f"go install sigs.k8s.io/kind@{KIND_VERSION} and put it first on PATH",
         pattern=r"kind v?(\S+)",
     )
     return [_docker_engine(), kind, _helm()]

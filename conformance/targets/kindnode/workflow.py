@@ -179,6 +179,12 @@ def run_steps(
     return results
 
 
+def _go_caches() -> dict[str, str]:
+    out = subprocess.run(["go", "env", "GOMODCACHE", "GOCACHE"], capture_output=True, text=True,
+                         check=False).stdout.split()  # fmt: skip
+    return dict(zip(("GOMODCACHE", "GOCACHE"), out, strict=False)) if len(out) == 2 else {}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kind-workflow", description=__doc__.splitlines()[0])
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE over the workflow")
@@ -215,6 +221,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "GITHUB_ENV": str(temp / "env"),
                 "GITHUB_STEP_SUMMARY": str(temp / "summary"),
                 "CI": "true",
+                # `go install` in the steps lands in the run's own GOPATH, never the host's
+                # ~/go/bin (a kind left there once came first on PATH for every later run);
+                # the module and build caches are shared, as they are only caches.
+                **_go_caches(),
+                "GOPATH": str(temp / "gopath"),
             }
             (temp / "runner").mkdir()
             before, kvm_before = inventory(engine), device_metadata()
