@@ -19,9 +19,11 @@ from conformance.contract.node import (
     CAP_GUEST,
     CAP_KUBELET_CRASH,
     CAP_KUBELET_RESTART,
+    CAP_LIVENESS,
     CAP_LONG_GUEST,
     CAP_PLUGIN_RESTART,
     CAP_READ_ONLY,
+    CAP_READINESS,
     CAP_ROLLOUT,
     CAP_SOCKET_REDIRECT,
     Area,
@@ -113,6 +115,13 @@ class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
 
     def _capabilities(self) -> frozenset[str]:
         caps = {CAP_KUBELET_RESTART, CAP_KUBELET_CRASH, CAP_PLUGIN_RESTART, CAP_ROLLOUT}
+        # The plugin's own health, through the API server's pod proxy or the pod conditions its
+        # probes drive. Without it a check waits on allocatable alone, a node status the kubelet
+        # writes every 10 s on kind: a restart looked done before the new plugin registered.
+        if self.layout.health_port is not None or self.layout.readiness_probe:
+            caps.add(CAP_READINESS)
+        if self.layout.health_port is not None or self.layout.liveness_probe:
+            caps.add(CAP_LIVENESS)
         kvm = self.options.hypervisor == "kvm"
         if self.layout.host_view_isolated:
             caps.add(CAP_DEVICE_REMAP)

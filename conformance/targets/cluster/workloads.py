@@ -35,6 +35,9 @@ class Layout:
     container: str = ""
     selector: dict[str, str] = field(default_factory=dict)
     health_port: int | None = None
+    # the pod's Ready / ContainersReady conditions mean something only with these probes
+    readiness_probe: bool = False
+    liveness_probe: bool = False
     host_view_isolated: bool = False
     cdi_propagates: bool = False  # hostPath mounts made later on the node reach the plugin
     sockets_volume: str = ""
@@ -110,6 +113,8 @@ def prepare(
         container=container["name"],
         selector=dict(ds["spec"]["selector"].get("matchLabels", {})),
         health_port=_health_port(container),
+        readiness_probe="readinessProbe" in container,
+        liveness_probe="livenessProbe" in container,
     )
     for vol in _pod_spec(ds).get("volumes", []):
         path = vol.get("hostPath", {}).get("path", "").rstrip("/")
