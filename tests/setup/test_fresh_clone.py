@@ -99,7 +99,10 @@ def test_whole_local_suite_passes_from_a_fresh_clone(
     data = json.loads((out / "results.json").read_text())
     statuses = {c["id"]: (c["status"], c["reason"]) for c in data["checks"]}
     assert run.returncode == 0, f"{statuses}\n{run.stdout[-3000:]}\n{run.stderr[-2000:]}"
-    assert all(s == "passed" for s, _ in statuses.values()), statuses
+    # the local target deploys no DaemonSet: the rollout check never applies there
+    off = {i: v for i, v in statuses.items() if v[0] != "passed" and i != "rollout-safety"}
+    assert not off, off
+    assert statuses["rollout-safety"][0] == "not_applicable", statuses["rollout-safety"]
     assert len(statuses) >= 14 and not data["run"].get("partial")
     assert not leaked_stages(staged_before), "a staged guest outlived its process"
 
