@@ -234,17 +234,21 @@ class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
 
     # -- the plugin -----------------------------------------------------------------------
 
-    def plugin_pod(self) -> Obj | None:
-        """The newest plugin pod on this node that is not terminating."""
+    def _plugin_pods(self) -> list[Obj]:
+        """Every plugin pod on this node, terminating ones included."""
         selector = ",".join(f"{k}={v}" for k, v in sorted(self.layout.selector.items()))
-        pods = self.api.list_objects(
+        pods: list[Obj] = self.api.list_objects(
             "v1",
             "Pod",
             self.layout.namespace,
             labels=selector,
             fields=f"spec.nodeName={self.node_name}",
         )
-        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        return pods
+
+    def plugin_pod(self) -> Obj | None:
+        """The newest plugin pod on this node that is not terminating."""
+        live = [p for p in self._plugin_pods() if not p["metadata"].get("deletionTimestamp")]
         live.sort(key=lambda p: str(p["metadata"].get("creationTimestamp", "")))
         return live[-1] if live else None
 
@@ -273,28 +277,28 @@ class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
         pod = self._pod()
         return f"{pod['metadata']['uid']}/{container_id(pod, self.layout.container)}"
 
-    def _wait_new_plugin(self, old_uid: str) -> None:
-        def replaced() -> bool:
-            pod = self.plugin_pod()
-            return bool(
-                pod
-                and pod["metadata"]["uid"] != old_uid
-                and running(pod, self.layout.container)
-                and container_id(pod, self.layout.container)
-            )
+    def replaced_by_running_pod(self, old_uid: str) -> bool:
+        """A plugin pod other than `old_uid` runs here, with its container started."""
+        pod = self.plugin_pod()
+        return bool(
+            pod
+            and pod["metadata"]["uid"] != old_uid
+            and running(pod, self.layout.container)
+            and container_id(pod, self.layout.container)
+        )
 
-        wait_for(replaced, self.options.pod_timeout, "replacement plugin pod running", self._poll)
+    def _wait_new_plugin(self, old_uid: str) -> None:
+        wait_for(lambda: self.replaced_by_running_pod(old_uid), self.options.pod_timeout,
+                 "replacement plugin pod running", self._poll)  # fmt: skip
+
         # The old pod may still be terminating while the new one registers: the restart is done
         # when it is gone, so a check always sees the old plugin's last word to the kubelet
         # (its empty list or stream end, which the kubelet applies to the resource name).
-        wait_for(lambda: not self._plugin_pods_with_uid(old_uid), self.options.pod_timeout,
-                 "the replaced plugin pod gone (terminated and deleted)", self._poll)  # fmt: skip
+        def old_gone() -> bool:
+            return all(p["metadata"]["uid"] != old_uid for p in self._plugin_pods())
 
-    def _plugin_pods_with_uid(self, uid: str) -> list[Obj]:
-        selector = ",".join(f"{k}={v}" for k, v in sorted(self.layout.selector.items()))
-        pods = self.api.list_objects("v1", "Pod", self.layout.namespace, labels=selector,
-                                     fields=f"spec.nodeName={self.node_name}")  # fmt: skip
-        return [p for p in pods if p["metadata"]["uid"] == uid]
+        wait_for(old_gone, self.options.pod_timeout,
+                 "the replaced plugin pod gone (terminated and deleted)", self._poll)  # fmt: skip
 
     def restart_plugin(self) -> None:
         pod = self._pod()

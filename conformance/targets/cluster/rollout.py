@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from typing import Any
 
 from conformance.contract.results import NotApplicable
-from conformance.targets.cluster.guests import container_id, running
 from conformance.targets.cluster.kube import Obj
 
 ROLLOUT_ANNOTATION = "hyperlight.dev/rollout"
@@ -51,7 +51,9 @@ class Rollout:
     plugin_ds: Obj
     _rollout_from: str = ""
 
-    def plugin_pod(self) -> Obj | None: ...
+    # ClusterNode's
+    plugin_pod: Callable[[], Obj | None]
+    replaced_by_running_pod: Callable[[str], bool]
 
     def start_rollout(self) -> None:
         if self.options.extra.get("scope") == "node":
@@ -70,11 +72,4 @@ class Rollout:
     def rollout_done(self) -> bool:
         ds = self.api.get("apps/v1", "DaemonSet", self.plugin_ds["metadata"]["name"],
                           self.layout.namespace)  # fmt: skip
-        pod = self.plugin_pod()
-        return bool(
-            complete(ds)
-            and pod is not None
-            and pod["metadata"]["uid"] != self._rollout_from
-            and running(pod, self.layout.container)
-            and container_id(pod, self.layout.container)
-        )
+        return complete(ds) and self.replaced_by_running_pod(self._rollout_from)
