@@ -7,7 +7,6 @@ kubelet timed out, a stream that closed) can neither cancel a check nor turn it 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from plugin.shutdown import reap
 from plugin.watch import DirWatcher, MountTableWatcher
 
 T = TypeVar("T")
+_CDI, _DEVICE = "cdi", "device"
 
 
 class _Flight(Generic[T]):
@@ -71,6 +71,16 @@ class Monitor:
         self._reconciler = reconciler
         self._kind = DeviceKind(cfg.device_name)
         self._kick = asyncio.Event()
+        self._due: set[str] = set()  # what the next kick re-checks: _CDI, _DEVICE
+        host = cfg.host_view_path
+        # dir -> the one entry in it that matters: the spec, the device in the host's /dev view,
+        # and the device node this process opens (a container's own /dev can change too).
+        own = Path(cfg.hypervisor_device)
+        self._watched_names = {own.parent: own.name}
+        if host is not None:
+            self._watched_names[host.parent] = host.name
+        if reconciler is not None:
+            self._watched_names[cfg.cdi_dir] = cfg.cdi_filename
         self._cdi_flight = _Flight(self._run_cdi_check)
         self._device_flight = _Flight(self._run_device_check)
         self._mount_watch: MountTableWatcher | None = None
@@ -191,14 +201,24 @@ class Monitor:
 
     # -- triggers -----------------------------------------------------------------------
 
-    def _on_dir_event(self, where: Path, _name: str) -> None:
-        if self._reconciler is None or where != self._cfg.cdi_dir:
+    def _on_dir_event(self, where: Path, name: str) -> None:
+        # Only what the event can have changed is re-checked: a host /dev event must not wait
+        # behind a CDI read, nor a CDI event behind a device probe; and only events on the entry
+        # watched for, or on the directory itself (no name): a node's /dev sees many others, and
+        # a mknod-then-rename fault would otherwise probe once too early, on the temp name.
+        if name and name != self._watched_names.get(where):
+            return
+        if self._reconciler is not None and where == self._cfg.cdi_dir:
+            self._due.add(_CDI)
+        else:
             self._void_passes()
+            self._due.add(_DEVICE)
         self._kick.set()
 
     def _on_mount_change(self, loop: asyncio.AbstractEventLoop) -> None:
         def both() -> None:
             self._void_passes()
+            self._due.update((_CDI, _DEVICE))
             self._kick.set()
             if self._dir_watch is not None:
                 self._dir_watch.rewatch()
@@ -210,20 +230,24 @@ class Monitor:
     async def run(self) -> None:
         """Re-check on inotify events, mount-table changes and every recheck interval."""
         loop = asyncio.get_running_loop()
-        dirs = [self._cfg.cdi_dir] if self._reconciler is not None else []
-        if self._cfg.host_dev_dir is not None:
-            dirs.append(self._cfg.host_dev_dir)
+        dirs = list(self._watched_names)
         self._dir_watch = DirWatcher(dirs, self._on_dir_event, self._cfg.recheck_interval_s)
         self._mount_watch = MountTableWatcher(lambda: self._on_mount_change(loop))
         self._mount_watch.start()
         watcher = asyncio.ensure_future(self._dir_watch.run())
         try:
             while True:
-                with contextlib.suppress(TimeoutError):
+                try:
                     async with asyncio.timeout(self._cfg.recheck_interval_s):
                         await self._kick.wait()
+                except TimeoutError:
+                    self._due.update((_CDI, _DEVICE))
                 self._kick.clear()
-                await self.check_all()
+                due, self._due = self._due, set()
+                if _CDI in due:  # CDI first, as in check_all
+                    await self.check_cdi()
+                if _DEVICE in due:
+                    await self.check_device()
         finally:
             await reap(watcher)
             self._mount_watch.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -26,6 +27,9 @@ from plugin.request_checks import (
 )
 
 SERVICE = "v1beta1.DevicePlugin"
+# How long a health change may wait for the Allocates in flight when it happened (see
+# _answers_first); bounded so that a steady stream of allocations cannot hold it back.
+ANSWERS_FIRST_S = 0.05
 
 
 def device_ids(cfg: Config) -> list[str]:
@@ -65,6 +69,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         # The answer is the same for every allocation: built once, serialised per call.
         self._answers: dict[int, pb.AllocateResponse] = {}
         self._max_allocate_bytes = max_allocate_bytes(self._ids)
+        self._allocating: set[asyncio.Task[object]] = set()
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         """The generated registration, except that Allocate and GetPreferredAllocation read
@@ -116,6 +121,17 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             self._snapshots[healthy] = cached
         return cached
 
+    async def _answers_first(self) -> None:
+        """Let the Allocates in flight when health changed be answered before the streams hear.
+
+        The kubelet admits a pod only once Allocate answers, while a stream update is a
+        notification. Both wait on the same device check, and a stream's write of a large
+        device list holds the event loop for about a millisecond per stream (grpc.aio's send
+        path): told first, the streams would delay every refusal by that much."""
+        pending = {t for t in self._allocating if not t.done()}
+        if pending:
+            await asyncio.wait(pending, timeout=ANSWERS_FIRST_S)
+
     async def GetDevicePluginOptions(
         self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
     ) -> pb.DevicePluginOptions:
@@ -135,6 +151,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             yield self._snapshot()
             while not self._health.shutting_down:
                 seen = await self._health.wait_change(seen)
+                await self._answers_first()
                 if self._health.shutting_down:
                     # An empty list drops the resource at once instead of after the grace period.
                     yield pb.ListAndWatchResponse(devices=[])
@@ -198,6 +215,10 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             warn("allocate_refused", code="INVALID_ARGUMENT", reason=invalid)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, invalid)
         # Re-verify on every allocation: the spec (repaired now if needed) and the device.
+        task = asyncio.current_task()
+        if task is not None:  # the RPC's own task, done once its answer is sent
+            self._allocating.add(task)
+            task.add_done_callback(self._allocating.discard)
         await self._monitor.verify_for_allocate()
         reasons = self._health.readiness_reasons()
         if reasons:

@@ -75,7 +75,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default="",
         metavar="PROFILE",
         help="a plugin profile (as hvconform run --plugin-profile): the same figures for that "
-        "plugin, taking turns with ours in every step, and a side-by-side table in bench.md",
+        "plugin, taking turns with ours in every step, and a side-by-side table in bench.md "
+        "(compare like for like: fixtures/plugins/go-kvm/profile-bench.yaml advertises as many "
+        "device IDs as ours)",
     )
     parser.set_defaults(func=runner)
 
@@ -232,6 +234,7 @@ def _part(
         notes.append("--quick: sample counts below issue #7's minimums; not for comparison.")
     return {
         "plugin": bench.plugin.summary(),
+        "devices": bench.slots,  # IDs advertised: every device list sent is this long
         "figures": [f.to_json() for f in figures],
         "threads_idle": subject.threads,
         "lacks": subject.lacks,

@@ -235,6 +235,15 @@ def _side_by_side(data: dict[str, Any]) -> list[str]:
         )
     behind = [r["name"] for r in rows if r["ahead"] == "theirs"]
     lines += ["", f"Ours behind on {len(behind)} figure(s): {', '.join(behind) or 'none'}."]
+    mine, rival = data.get("devices"), data["versus"].get("devices")
+    if mine is not None and rival is not None:
+        lines += ["", f"Device IDs advertised: {ours} {mine}, {theirs} {rival}."]
+        if mine != rival:
+            lines[-1] += (
+                " **Not like for like**: every device list sent (each stream's snapshot, each "
+                "health change) differs in size; give both as many IDs (for the go-kvm fixture: "
+                "fixtures/plugins/go-kvm/profile-bench.yaml)."
+            )
     return [*lines, "", "## Ours", ""]
 
 

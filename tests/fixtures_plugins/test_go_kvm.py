@@ -19,7 +19,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.fixture_plugins import build_go_kvm
+from conformance.contract.plugin import load_profile
+from plugin.config import parse_config
+from tests.fixture_plugins import GO_KVM_DIR, build_go_kvm
 from tests.fixtures_plugins.harness import (
     FixturePlugin,
     Stream,
@@ -88,8 +90,10 @@ def start(binary: Path, root: Path, kubelet: KubeletStub) -> Iterator[Start]:
     """Start the plugin and wait for its first registration; teardown checks a clean stop."""
     started: list[FixturePlugin] = []
 
-    def run(env: dict[str, str] | None = None, dev_override: str = "") -> FixturePlugin:
-        p = FixturePlugin(binary, root, kubelet, env=env, dev_override=dev_override)
+    def run(
+        env: dict[str, str] | None = None, dev_override: str = "", argv: tuple[str, ...] = ("-v=2",)
+    ) -> FixturePlugin:
+        p = FixturePlugin(binary, root, kubelet, env=env, dev_override=dev_override, argv=argv)
         started.append(p)
         try:
             reg = kubelet.wait_registrations(1, 20)[0]
@@ -129,6 +133,28 @@ def test_registers_writes_spec_and_allocates_cdi(start: Start, kubelet: KubeletS
         print(f"go-kvm VmRSS {rss_kib(p.proc.pid)} KiB")
     finally:
         stream.close()
+
+
+def test_devices_flag_sets_the_advertised_ids(start: Start) -> None:
+    p = start(argv=("-v=2", "-devices=2000"))
+    stream = Stream(p.socket())
+    try:
+        want = [(f"kvm-{i}", "Healthy") for i in range(2000)]
+        stream.wait(lambda d: sorted(d) == sorted(want), 10, "2000 healthy devices")
+        assert len(p.allocate("kvm-1999").container_responses) == 1
+        for unknown in ("kvm-2000", "kvm-01", "kvm--1", "kvm-"):
+            with pytest.raises(grpc.RpcError) as err:
+                p.allocate(unknown)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, unknown
+    finally:
+        stream.close()
+
+
+def test_bench_profile_advertises_as_many_ids_as_our_default() -> None:
+    """bench --versus compares like for like only if both send device lists of one size."""
+    profile = load_profile(GO_KVM_DIR / "profile-bench.yaml")
+    (flag,) = [a for a in profile.command if a.startswith("-devices=")]
+    assert int(flag.removeprefix("-devices=")) == parse_config([]).slots
 
 
 def test_spec_repaired_after_delete_corrupt_and_chmod(start: Start) -> None:
@@ -318,6 +344,8 @@ def test_defect_dirty_obstruction_leaves_a_file_inside(start: Start, root: Path)
         ({"GOKVM_DEVICE_UID": "-1"}, ("-v=2",), "GOKVM_DEVICE_UID"),
         ({}, ("--root-prefix=/x",), "flag provided but not defined"),
         ({}, ("-v=2", "extra"), 'unexpected argument "extra"'),
+        ({}, ("-devices=0",), "-devices=0: want 1 to 10000"),
+        ({}, ("-devices=10001",), "-devices=10001: want 1 to 10000"),
     ],
 )
 def test_bad_input_exits_2_before_writing(

@@ -129,6 +129,40 @@ def test_own_cdi_dir_events_do_not_void_the_pass(long_window: Callable[[Body], N
     long_window(body)
 
 
+def test_events_on_other_entries_are_ignored(long_window: Callable[[Body], None]) -> None:
+    """A node's /dev sees many entries change; only the device's entry voids the pass."""
+
+    async def body(rig: Rig) -> None:
+        before = rig.probes
+        rig.monitor._on_dir_event(rig.host_dev, "tty5")
+        rig.monitor._on_dir_event(rig.host_dev, ".kvm-1a2b3c4d")  # a temp name before a rename
+        rig.monitor._on_dir_event(rig.cdi_dir, "other-vendor.json")
+        assert not rig.monitor._due and not rig.monitor._kick.is_set()
+        await rig.monitor.verify_for_allocate()
+        assert rig.probes == before, "no Allocate may probe again for an unrelated entry"
+
+    long_window(body)
+
+
+def test_each_event_rechecks_only_what_it_can_have_changed(
+    long_window: Callable[[Body], None],
+) -> None:
+    async def body(rig: Rig) -> None:
+        rig.monitor._on_dir_event(rig.cdi_dir, "hyperlight.json")
+        assert rig.monitor._due == {"cdi"}
+        rig.monitor._due.clear()
+        rig.monitor._on_dir_event(rig.host_dev, "kvm")
+        assert rig.monitor._due == {"device"}
+        rig.monitor._due.clear()
+        rig.monitor._on_dir_event(rig.host_dev, "")  # the directory itself (or a poll)
+        assert rig.monitor._due == {"device"}
+        rig.monitor._due.clear()
+        rig.monitor._on_dir_event(Path("/dev"), "kvm")  # the node this process opens
+        assert rig.monitor._due == {"device"} and rig.monitor._kick.is_set()
+
+    long_window(body)
+
+
 def test_a_removed_device_is_caught_by_the_next_allocate(
     long_window: Callable[[Body], None],
 ) -> None:
