@@ -12,8 +12,8 @@ import socket
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from plugin import metrics
 from plugin.health import HealthState
 from plugin.logs import log, warn
 
@@ -101,7 +101,7 @@ class HttpEndpoints:
                 json.dumps(report).encode(),
             )
         if path == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, generate_latest()
+            return 200, metrics.CONTENT_TYPE, metrics.exposition()
         return 404, "application/json", b'{"error": "not found"}'
 
     def _answer(self, head: bytes) -> tuple[int, str, bytes, bool]:

@@ -231,7 +231,10 @@ class Monitor:
         """Re-check on inotify events, mount-table changes and every recheck interval."""
         loop = asyncio.get_running_loop()
         dirs = list(self._watched_names)
-        self._dir_watch = DirWatcher(dirs, self._on_dir_event, self._cfg.recheck_interval_s)
+        contents = [self._cfg.cdi_dir] if self._reconciler is not None else []
+        self._dir_watch = DirWatcher(
+            dirs, self._on_dir_event, self._cfg.recheck_interval_s, contents=contents
+        )
         self._mount_watch = MountTableWatcher(lambda: self._on_mount_change(loop))
         self._mount_watch.start()
         watcher = asyncio.ensure_future(self._dir_watch.run())

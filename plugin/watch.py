@@ -11,7 +11,7 @@ import contextlib
 import os
 import select
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from asyncinotify import Inotify, Mask
@@ -19,18 +19,21 @@ from asyncinotify import Inotify, Mask
 from plugin.logs import log, warn
 from plugin.shutdown import reap
 
-_DIR_MASK = (
+# Entries appearing, going, renamed or re-permissioned, and the directory itself going.
+_ENTRY_MASK = (
     Mask.CREATE
     | Mask.DELETE
     | Mask.MOVED_FROM
     | Mask.MOVED_TO
-    | Mask.CLOSE_WRITE
-    | Mask.MODIFY
     | Mask.ATTRIB
     | Mask.DELETE_SELF
     | Mask.MOVE_SELF
     | Mask.ONLYDIR
 )
+# Writes into files too: only for directories whose files' contents matter (the CDI dir). Never
+# for a /dev: every write to /dev/null or a tty there is an IN_MODIFY on the directory, which
+# woke the plugin for nothing many times a second on a busy node.
+_CONTENT_MASK = _ENTRY_MASK | Mask.CLOSE_WRITE | Mask.MODIFY
 # After these the watch is gone (or points at a replaced inode): watch the path again.
 _REWATCH = Mask.IGNORED | Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.UNMOUNT
 
@@ -91,8 +94,11 @@ class DirWatcher:
         dirs: Sequence[Path],
         on_event: Callable[[Path, str], None],
         poll_interval_s: float,
+        contents: Collection[Path] = (),
     ) -> None:
+        """`contents`: the dirs among `dirs` where writes into files are events too."""
         self._dirs = list(dirs)
+        self._contents = set(contents)
         self._on_event = on_event
         self._poll_interval_s = poll_interval_s
         self._rewatch = asyncio.Event()
@@ -108,7 +114,8 @@ class DirWatcher:
                 missing = []
                 for d in self._dirs:
                     try:
-                        inotify.add_watch(d, _DIR_MASK | Mask.DONT_FOLLOW)
+                        mask = _CONTENT_MASK if d in self._contents else _ENTRY_MASK
+                        inotify.add_watch(d, mask | Mask.DONT_FOLLOW)
                     except OSError as exc:
                         missing.append(str(d))
                         warn("watch_unavailable", path=str(d), error=str(exc), fallback="poll")

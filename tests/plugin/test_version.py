@@ -4,9 +4,14 @@ a loose branch ref, packed refs, a detached HEAD and a linked worktree all give 
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
+from plugin.api.names import DISTRIBUTION, installed_version
 from plugin.version import UNKNOWN, _git_head
 
 
@@ -36,3 +41,17 @@ def test_head_is_read_as_git_reads_it(tmp_path: Path) -> None:
     assert (tree / ".git").is_file()
     assert _git_head(tree / ".git") == _git(tree, "rev-parse", "HEAD")
     assert _git_head(tmp_path / "nothing" / ".git") == UNKNOWN
+
+
+def test_installed_version_is_what_importlib_metadata_reads() -> None:
+    assert installed_version() == importlib.metadata.version(DISTRIBUTION) != "0.0.0"
+
+
+def test_installed_version_without_an_installed_distribution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "other_dist-1.2.3.dist-info").mkdir()
+    monkeypatch.setattr(sys, "path", [str(tmp_path), str(tmp_path / "missing"), "/etc/hostname"])
+    assert installed_version() == "0.0.0"
+    (tmp_path / "hv_device_plugin-9.8.7.dist-info").mkdir()
+    assert installed_version() == "9.8.7"
