@@ -47,6 +47,10 @@ class ConfigError(Exception):
     """A configuration value that must stop the process before it writes anything."""
 
 
+# The exit code of a refused configuration or argument: one line on stderr, nothing created.
+EXIT_CONFIG = 2
+
+
 def env_name(flag: str) -> str:
     return "HV_" + flag.upper().replace("-", "_")
 

@@ -232,6 +232,15 @@ class ProbeWorker:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
+    async def start(self) -> None:
+        """Spawn the helper now instead of at the first check: its interpreter start (tens of
+        ms) then overlaps whatever the caller does next. The first check's request waits in the
+        pipe until the helper reads it. A spawn that fails is retried by the first check."""
+        async with self._lock:
+            if not self._closed:
+                with contextlib.suppress(OSError):
+                    await self._ensure_helper()
+
     async def close(self) -> None:
         """Kill and reap the helper; later checks fail with "probe worker is closed"."""
         self._closed = True

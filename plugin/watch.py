@@ -17,7 +17,6 @@ from pathlib import Path
 from asyncinotify import Inotify, Mask
 
 from plugin.logs import log, warn
-from plugin.shutdown import reap
 
 # Entries appearing, going, renamed or re-permissioned, and the directory itself going.
 _ENTRY_MASK = (
@@ -47,11 +46,26 @@ class MountTableWatcher:
 
     def __init__(self, on_change: Callable[[], None]) -> None:
         self._on_change = on_change
+        self.changes = 0  # seen by the thread, each then reported through on_change
+        self._mountinfo: int | None = None  # the thread's fd, for pending()
         self._stop_r, self._stop_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name="mount-watch", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    def pending(self) -> bool:
+        """A mount-table change the thread has not read yet (POLLPRI stays raised until it
+        re-reads the table): asked without waiting, from any thread."""
+        fd = self._mountinfo
+        if fd is None:
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLPRI)
+        try:
+            return bool(poller.poll(0))
+        except OSError:  # closed meanwhile: the thread is gone
+            return False
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -68,6 +82,7 @@ class MountTableWatcher:
             warn("mount_watch_unavailable", error=str(exc))
             return
         with mountinfo:
+            self._mountinfo = mountinfo.fileno()
             poller = select.poll()
             poller.register(mountinfo.fileno(), select.POLLPRI | select.POLLERR)
             poller.register(self._stop_r, select.POLLIN)
@@ -78,6 +93,7 @@ class MountTableWatcher:
                         return
                     mountinfo.seek(0)
                     mountinfo.read()
+                    self.changes += 1
                     self._on_change()
 
 
@@ -102,10 +118,32 @@ class DirWatcher:
         self._on_event = on_event
         self._poll_interval_s = poll_interval_s
         self._rewatch = asyncio.Event()
+        self._inotify: Inotify | None = None  # while watching
 
     def rewatch(self) -> None:
         """Drop and re-add every watch (the mount table changed under a watched path)."""
         self._rewatch.set()
+
+    def drain(self) -> None:
+        """Call back now for every event already queued. A change made before this call has
+        its event queued already (inotify queues within the system call that made it), so a
+        caller that drains first (an Allocate) sees every change that happened before it
+        arrived, whatever order the event loop would have run things in. Also the pump's reader
+        callback: all reading happens here, so no event sits read but not yet dispatched."""
+        inotify = self._inotify
+        while inotify is not None:
+            try:
+                event = inotify.sync_get()
+            except BlockingIOError:  # the queue is empty (the fd is non-blocking)
+                return
+            if event is None:
+                return
+            base = Path(event.watch.path) if event.watch is not None else Path("/")
+            self._on_event(base, event.name.name if event.name else "")
+            if event.mask & _REWATCH:
+                log("watch_lost", path=str(base), mask=str(event.mask))
+                self._rewatch.set()  # the rest belongs to the watch set being replaced
+                return
 
     async def run(self) -> None:
         while True:
@@ -126,24 +164,15 @@ class DirWatcher:
                 await self._pump(inotify, poll=bool(missing))
 
     async def _pump(self, inotify: Inotify, poll: bool) -> None:
-        rewatch = asyncio.ensure_future(self._rewatch.wait())
+        """Dispatch events as they come until a rewatch (or, polling, the poll interval)."""
+        loop = asyncio.get_running_loop()
+        os.set_blocking(inotify.fd, False)  # drain() reads until EAGAIN, never waits
+        self._inotify = inotify
+        loop.add_reader(inotify.fd, self.drain)
         try:
-            while True:
-                nxt = asyncio.ensure_future(inotify.get())
-                done, _ = await asyncio.wait(
-                    {nxt, rewatch},
-                    timeout=self._poll_interval_s if poll else None,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                if nxt not in done:
-                    await reap(nxt)
-                if rewatch in done or (poll and not done):
-                    return
-                event = nxt.result()
-                base = event.watch.path if event.watch is not None else Path("/")
-                self._on_event(Path(base), event.name.name if event.name else "")
-                if event.mask & _REWATCH:
-                    log("watch_lost", path=str(base), mask=str(event.mask))
-                    return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._poll_interval_s if poll else None):
+                    await self._rewatch.wait()
         finally:
-            rewatch.cancel()
+            loop.remove_reader(inotify.fd)
+            self._inotify = None

@@ -87,8 +87,10 @@ def _timing_phrases(metrics: Mapping[str, Metric], used: set[str]) -> list[str]:
     """Detection, recovery and re-registration times in the order a reader follows a fault."""
     phrases: list[str] = []
     templates = (
+        ("plugin_detected_s", "plugin unready {} after the fault"),
         ("detected_s", "detected in {}"),
         ("refused_s", "allocation refused {} after the fault"),
+        ("plugin_recovery_s", "plugin ready {} after the fault was undone"),
         ("recovery_s", "recovered in {}"),
         ("ready_again_s", "ready again {} after the fault"),
         ("reregistration_graceful_s", "re-registered in {} after a graceful restart"),

@@ -68,7 +68,7 @@ def cdi_non_regular(node: Node, rec: Recorder) -> None:
         except FileExistsError:
             assert time.monotonic() < deadline, "could not place a directory at the spec path"
     t0 = rec.event("directory placed at spec path")
-    expect_unready(node, rec, "directory at spec")
+    expect_unready(node, rec, "directory at spec", since=t0)
     wait_for(lambda: node.allocatable() == 0, FAULT_TIMEOUT_S, "allocatable 0 (directory at spec)")
     rec.metric("detected_s", rec.event("unready and allocatable 0") - t0)
     info = node.stat("cdi", name)
@@ -76,7 +76,7 @@ def cdi_non_regular(node: Node, rec: Recorder) -> None:
     node.remove_dir("cdi", name)
     t1 = rec.event("obstruction removed")
     wait_spec_desired(node, RECOVERY_TIMEOUT_S, "after obstruction removed")
-    rec.metric("recovery_s", wait_ready(node, rec, "after obstruction") - t1)
+    rec.metric("recovery_s", wait_ready(node, rec, "after obstruction", since=t1) - t1)
     assert node.plugin_instance() == instance, "recovery needed a plugin restart"
     fresh_guest(node, rec, "non-regular spec path")
 

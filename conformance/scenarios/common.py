@@ -15,19 +15,36 @@ RECOVERY_TIMEOUT_S = float(os.environ.get("HV_RECOVERY_TIMEOUT_S", "60"))
 FAULT_TIMEOUT_S = min(30.0, RECOVERY_TIMEOUT_S)
 
 
-def wait_ready(node: Node, rec: Recorder, label: str, timeout: float = RECOVERY_TIMEOUT_S) -> float:
-    """Ready as the plugin says (when observable) and as the kubelet sees it (always)."""
+# The plugin's own reaction to a fault and to its undoing, from its readiness: on a real kubelet
+# the kubelet's figures come from a node status written once a second, which bounds detected_s
+# and recovery_s there; these two say how fast the plugin itself was.
+PLUGIN_DETECTED = "plugin_detected_s"
+PLUGIN_RECOVERED = "plugin_recovery_s"
+
+
+def wait_ready(
+    node: Node, rec: Recorder, label: str, timeout: float = RECOVERY_TIMEOUT_S, since: float = 0.0
+) -> float:
+    """Ready as the plugin says (when observable) and as the kubelet sees it (always); the time
+    the kubelet saw it. `since` (a fault's undoing): also record PLUGIN_RECOVERED."""
     if CAP_READINESS in node.capabilities:
         wait_for(node.plugin_ready, timeout, f"plugin readiness ({label})")
+        if since:
+            rec.metric(PLUGIN_RECOVERED, rec.event(f"plugin ready ({label})") - since)
     wait_for(lambda: node.allocatable() > 0, timeout, f"allocatable > 0 ({label})")
     return rec.event(f"ready ({label})")
 
 
-def expect_unready(node: Node, rec: Recorder, label: str, timeout: float = FAULT_TIMEOUT_S) -> None:
+def expect_unready(
+    node: Node, rec: Recorder, label: str, timeout: float = FAULT_TIMEOUT_S, since: float = 0.0
+) -> None:
     """Readiness must turn false; a plugin whose readiness cannot be observed is judged on
-    what the kubelet sees instead, and the evidence says so (never a silent pass)."""
+    what the kubelet sees instead, and the evidence says so (never a silent pass). `since` (the
+    fault): also record PLUGIN_DETECTED."""
     if CAP_READINESS in node.capabilities:
         wait_for(lambda: not node.plugin_ready(), timeout, f"readiness false ({label})")
+        if since:
+            rec.metric(PLUGIN_DETECTED, rec.event(f"plugin unready ({label})") - since)
     else:
         rec.note(f"readiness not observable ({label}): judged on allocatable and Allocate")
 

@@ -16,16 +16,16 @@ def identity_missing(node: Node, rec: Recorder) -> None:
     node.set_device_present(False)
     t0 = rec.event("device removed from where the plugin looks")
     try:
+        expect_unready(node, rec, "identity missing", since=t0)
         wait_for(
             lambda: node.allocatable() == 0, FAULT_TIMEOUT_S, "allocatable 0 (identity missing)"
         )
         rec.metric("detected_s", rec.event("allocatable 0") - t0)
         assert node.capacity() > 0, "capacity must stay advertised while devices are unhealthy"
-        expect_unready(node, rec, "identity missing")
     finally:
         node.set_device_present(True)
     t1 = rec.event("device restored")
-    rec.metric("recovery_s", wait_ready(node, rec, "after restore") - t1)
+    rec.metric("recovery_s", wait_ready(node, rec, "after restore", since=t1) - t1)
     assert node.plugin_instance() == instance, "recovery needed a plugin restart"
     assert node.host_device_metadata() == host_before, "the real host device changed"
     fresh_guest(node, rec, "identity restored")
@@ -47,5 +47,5 @@ def device_unusable(node: Node, rec: Recorder) -> None:
     finally:
         node.remap_device_unusable(False)
     t1 = rec.event("device mapping restored")
-    rec.metric("recovery_s", wait_ready(node, rec, "after restore") - t1)
+    rec.metric("recovery_s", wait_ready(node, rec, "after restore", since=t1) - t1)
     fresh_guest(node, rec, "unusable device restored")

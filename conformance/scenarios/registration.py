@@ -29,7 +29,7 @@ MAX_CPU_SHARE = 0.25
 
 
 def _quiet_and_unready(node: Node, rec: Recorder, t0: float) -> None:
-    expect_unready(node, rec, "no kubelet")
+    expect_unready(node, rec, "no kubelet", since=t0)
     wait_for(lambda: node.allocatable() == 0, FAULT_TIMEOUT_S, "allocatable 0 (no kubelet)")
     rec.metric("detected_s", rec.event("not ready") - t0)
     cpu0, w0 = node.plugin_cpu_seconds(), time.monotonic()
@@ -55,7 +55,7 @@ def _recovered(node: Node, rec: Recorder, restored: float, label: str) -> None:
         "registration after the socket dir was restored",
     )
     rec.metric("reregistration_s", (node.last_registration_at() or restored) - restored)
-    rec.metric("recovery_s", wait_ready(node, rec, "after restore") - t1)
+    rec.metric("recovery_s", wait_ready(node, rec, "after restore", since=t1) - t1)
     fresh_guest(node, rec, label)
 
 

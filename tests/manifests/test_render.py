@@ -18,8 +18,8 @@ from conformance.manifests import (
     render_objects,
 )
 from conformance.manifests.cli import register
-from plugin.__main__ import probe_main
 from plugin.config import parse_config
+from plugin.probe_cli import probe_main
 from tests.manifests.common import ALL_TARGETS, DAEMONSETS, IMAGE, daemonset, objects, pod_spec
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "manifests"

@@ -129,6 +129,39 @@ def test_own_cdi_dir_events_do_not_void_the_pass(long_window: Callable[[Body], N
     long_window(body)
 
 
+def test_an_allocate_sees_a_change_made_just_before_it(
+    long_window: Callable[[Body], None],
+) -> None:
+    """/dev/null's node renamed onto the device's entry, then at once an Allocate: the loop
+    has had no turn to read the event, yet the Allocate must not lean on the earlier pass (the
+    bench caught one such Allocate granted in 20 before the monitor drained events first)."""
+
+    async def body(rig: Rig) -> None:
+        task = asyncio.ensure_future(rig.monitor.run())
+        try:
+            for _ in range(10_000):  # bounded: until the watches are in place
+                watch = rig.monitor._dir_watch
+                if watch is not None and watch._inotify is not None:
+                    break
+                await asyncio.sleep(0)
+            else:
+                raise AssertionError("the monitor never started watching")
+            await rig.monitor.verify_for_allocate()  # a pass, recent for a whole second
+            before = rig.probes
+            tmp = rig.host_dev / ".kvm-swap"
+            os.mknod(tmp, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+            tmp.rename(rig.host_dev / "kvm")
+            await rig.monitor.verify_for_allocate()
+            assert rig.probes == before + 1, "the Allocate leaned on a pass the rename voided"
+            assert not rig.health.device.ok, "an unusable device passed"
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    long_window(body)
+
+
 def test_events_on_other_entries_are_ignored(long_window: Callable[[Body], None]) -> None:
     """A node's /dev sees many entries change; only the device's entry voids the pass."""
 

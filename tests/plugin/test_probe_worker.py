@@ -334,6 +334,40 @@ def test_misbehaving_helper_fails_and_is_respawned(body: str, reason: str) -> No
     run(scenario())
 
 
+@needs_kvm
+def test_start_spawns_the_helper_that_the_first_check_uses() -> None:
+    """start() spawns before any check (the plugin does it before importing grpc); the first
+    check's request waits in the pipe while the helper's interpreter starts."""
+
+    async def scenario() -> None:
+        worker = ProbeWorker()
+        await worker.start()
+        pid = pid_of(worker)
+        await worker.start()  # idempotent: still one helper
+        assert worker.helper_pid == pid
+        result = await worker.check(DeviceKind.KVM, "/dev/kvm", None)
+        assert result.ok, result.reason
+        assert worker.helper_pid == pid, "the first check must use the helper start() spawned"
+        await worker.close()
+        assert gone(pid)
+        await worker.start()  # closed: spawns nothing
+        assert worker.helper_pid is None
+
+    run(scenario())
+
+
+def test_a_failed_start_is_retried_by_the_first_check() -> None:
+    async def scenario() -> None:
+        worker = ProbeWorker(argv=["/nonexistent/probe-helper"])
+        await worker.start()  # no exception: the check reports the cause
+        assert worker.helper_pid is None
+        result = await worker.check(DeviceKind.KVM, "/dev/kvm", None)
+        await worker.close()
+        assert result.reason.startswith("cannot start probe helper: ")
+
+    run(scenario())
+
+
 def test_missing_helper_command_fails_with_reason() -> None:
     async def scenario() -> None:
         worker = ProbeWorker(argv=["/nonexistent/probe-helper"])

@@ -140,3 +140,11 @@ def test_recovery_chart_has_a_bar_per_measured_check() -> None:
     assert len(bars) == 2
     assert float(str(bars[0].get("width"))) >= 2.0  # 3 ms next to 2.5 s: still visible
     assert svg.recovery_chart([unmeasured]) == ""
+
+
+def test_the_plugins_own_reaction_reads_before_the_kubelets() -> None:
+    text = words.figures(
+        {"detected_s": 0.95, "plugin_detected_s": 0.004, "plugin_recovery_s": 0.01}
+    )
+    assert text[:2] == ["plugin unready 4.0 ms after the fault", "detected in 0.95 s"], text
+    assert "plugin ready 10 ms after the fault was undone" in text

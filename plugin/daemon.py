@@ -1,0 +1,126 @@
+"""The running plugin: checks, the gRPC servers, registration, HTTP endpoints, and their stop.
+
+Imported by plugin.__main__ only after it has started the probe helper, so that the helper's
+interpreter boots on another core while this module's imports (grpc, protobuf: most of the
+start-up time) load here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+
+from plugin import logs, shutdown
+from plugin.cdi import CdiReconciler
+from plugin.cdi_spec import desired_spec
+from plugin.config import Config
+from plugin.endpoints import HttpEndpoints
+from plugin.health import HealthState
+from plugin.monitor import Monitor
+from plugin.probe_worker import ProbeWorker
+from plugin.registration import Registrar
+from plugin.server import DevicePluginServicer
+from plugin.version import source_commit, version
+
+SHUTDOWN_FLUSH_S = 2.0
+# A shutdown step stalled or failed, or a task lost its cancel: logged, and the exit says so.
+EXIT_UNCLEAN_STOP = 3
+
+
+def _reconciler(cfg: Config) -> CdiReconciler | None:
+    if cfg.mode == "device-access":
+        return None
+    desired = desired_spec(
+        kind_name=cfg.resource_name,
+        device_name=cfg.device_name,
+        device_path=cfg.hypervisor_device,
+        uid=cfg.device_uid,
+        gid=cfg.device_gid,
+        cdi_version=cfg.cdi_version,
+    )
+    return CdiReconciler(cfg.cdi_dir, cfg.cdi_filename, desired)
+
+
+async def _wait_streams_closed(health: HealthState, deadline_s: float) -> None:
+    """Give open streams the time to send their final empty list, bounded."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(deadline_s):
+            await health.no_streams.wait()
+
+
+def _loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+    """asyncio's unhandled errors as one JSON line, never a bare traceback on stderr."""
+    exc = context.get("exception")
+    logs.error(
+        "event_loop_error",
+        message=str(context.get("message", "")),
+        exception=f"{type(exc).__name__}: {exc}" if isinstance(exc, BaseException) else "",
+    )
+
+
+async def run(
+    cfg: Config, listener: socket.socket | None = None, worker: ProbeWorker | None = None
+) -> int:
+    """Serve until SIGTERM/SIGINT; the exit code. `worker` (hypervisor mode): the probe helper,
+    started by the caller, owned (closed) here."""
+    health = HealthState()
+    monitor = Monitor(cfg, health, worker, _reconciler(cfg))
+    registrar = Registrar(cfg, health, lambda: DevicePluginServicer(cfg, health, monitor))
+    monitor.add_mount_listener(registrar.on_mount_change)
+    http = HttpEndpoints(health, listener) if listener is not None else None
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(_loop_error)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    logs.log(
+        "starting",
+        version=version(),
+        commit=source_commit(),
+        mode=cfg.mode,
+        device=cfg.hypervisor_device,
+        resource=cfg.resource_name,
+        slots=cfg.slots,
+        plugin_dir=str(cfg.device_plugin_dir),
+        cdi_dir=str(cfg.cdi_dir),
+        host_dev_dir=str(cfg.host_dev_dir or ""),
+    )
+    tasks: list[asyncio.Task[None]] = []
+    code = EXIT_UNCLEAN_STOP
+    try:
+        if http is not None:
+            await http.start()
+        # Devices are checked (and the spec repaired) before anything is advertised.
+        await monitor.check_all()
+        tasks = [asyncio.ensure_future(monitor.run()), asyncio.ensure_future(registrar.run())]
+        waiter = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        for task in done:
+            if task is not waiter and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        logs.log("stopping", reason="signal")
+        health.shutdown()
+        await _wait_streams_closed(health, SHUTDOWN_FLUSH_S)
+        code = 0
+    finally:
+        clean = await shutdown.cancel_tasks(tasks)
+        clean &= await shutdown.step("stop the gRPC server", registrar.stop())
+        if worker is not None:
+            clean &= await shutdown.step("stop the probe helper", worker.close())
+        if http is not None:
+            clean &= await shutdown.step("stop the HTTP endpoints", http.close())
+        logs.log("stopped", clean=clean)
+        if any(not task.done() for task in tasks):
+            # Every resource was released above; what is left ignored every cancel, and
+            # asyncio.run would wait on it forever. Exit now instead.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_UNCLEAN_STOP)
+    return code if clean else EXIT_UNCLEAN_STOP
