@@ -7,6 +7,7 @@ kubelet timed out, a stream that closed) can neither cancel a check nor turn it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -244,7 +245,8 @@ class Monitor:
             for listener in self._mount_listeners:
                 listener()
 
-        loop.call_soon_threadsafe(both)
+        with contextlib.suppress(RuntimeError):  # the loop closed: no one left to tell
+            loop.call_soon_threadsafe(both)
 
     async def run(self) -> None:
         """Re-check on inotify events, mount-table changes and every recheck interval."""

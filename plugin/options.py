@@ -137,8 +137,8 @@ OPTIONS: tuple[_Opt, ...] = (
     _Opt(
         "recheck-interval",
         "5.0",
-        f"time between periodic device and CDI re-checks ({_secs(RECHECK_INTERVAL_S)}; "
-        "inotify and mount-table events trigger checks sooner)",
+        f"time between periodic device, CDI and kubelet-socket re-checks "
+        f"({_secs(RECHECK_INTERVAL_S)}; inotify and mount-table events trigger them sooner)",
     ),
     _Opt(
         "health-addr",

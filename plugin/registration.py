@@ -28,7 +28,9 @@ from plugin.server import DevicePluginServicer
 from plugin.shutdown import reap
 from plugin.watch import DirWatcher
 
-# Fallback poll for restart detection when inotify events are missed (e.g. a remounted dir).
+# Restart detection polls this often while the plugin dir cannot be watched (missing, or not
+# yet back); once watched, its events and mount-table changes drive it, and a poll every
+# --recheck-interval is only a safety net (a once-a-second poll woke the process for nothing).
 RESTART_POLL_S = 1.0
 # After a predecessor's socket is removed, the device list is sent again now and this much later.
 REASSERT_AGAIN_S = 1.0
@@ -219,7 +221,8 @@ class Registrar:
 
     async def _wait_restart_needed(self) -> str:
         while not (reason := self._restart_needed()):
-            await self._wait_kick(RESTART_POLL_S)
+            watched = self._watcher is not None and self._watcher.watching
+            await self._wait_kick(self._cfg.recheck_interval_s if watched else RESTART_POLL_S)
         return reason
 
     async def run(self) -> None:

@@ -119,6 +119,7 @@ class DirWatcher:
         self._poll_interval_s = poll_interval_s
         self._rewatch = asyncio.Event()
         self._inotify: Inotify | None = None  # while watching
+        self.watching = False  # every dir has its watch (no polling fallback)
 
     def rewatch(self) -> None:
         """Drop and re-add every watch (the mount table changed under a watched path)."""
@@ -161,7 +162,11 @@ class DirWatcher:
                     # Fire once so callers re-check now; then keep polling until watchable.
                     for d in self._dirs:
                         self._on_event(d, "")
-                await self._pump(inotify, poll=bool(missing))
+                self.watching = not missing
+                try:
+                    await self._pump(inotify, poll=bool(missing))
+                finally:
+                    self.watching = False
 
     async def _pump(self, inotify: Inotify, poll: bool) -> None:
         """Dispatch events as they come until a rewatch (or, polling, the poll interval)."""
