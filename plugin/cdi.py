@@ -8,10 +8,12 @@ through a symlink. Nothing but the spec file (and our own temporary file) is eve
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import secrets
 import stat
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +78,22 @@ class _Failure(Exception):
         self.errno = exc.errno
 
 
+# statfs(2) f_type of the filesystems kept in memory: TMPFS_MAGIC, RAMFS_MAGIC.
+MEMORY_FILESYSTEMS = frozenset({0x01021994, 0x858458F6})
+# struct statfs is 120 bytes on 64-bit Linux and 84 on 32-bit; f_type comes first, a C long.
+_STATFS_BYTES = 256
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _fs_type(path: Path) -> int:
+    """statfs(2) f_type of the filesystem holding `path`, 0 when it cannot be read."""
+    buf = ctypes.create_string_buffer(_STATFS_BYTES)
+    if _libc.statfs(os.fsencode(path), buf) != 0:
+        return 0
+    width = ctypes.sizeof(ctypes.c_long)
+    return int.from_bytes(buf.raw[:width], sys.byteorder) & 0xFFFFFFFF
+
+
 class CdiReconciler:
     """Keeps `cdi_dir/filename` byte-identical to `desired` with exactly `mode`."""
 
@@ -102,6 +120,11 @@ class CdiReconciler:
         """Classify the spec path without changing anything."""
         with self._lock:
             return self._guarded(repair=False)
+
+    def memory_backed(self) -> bool:
+        """The CDI dir is on tmpfs or ramfs (a node's /run/cdi usually is): a repair there is a
+        memory copy and its fsyncs are no-ops, so it cannot stall the thread that does it."""
+        return _fs_type(self.cdi_dir) in MEMORY_FILESYSTEMS
 
     def reconcile(self) -> CdiStatus:
         """Classify, and rewrite atomically when missing, malformed, stale or of the wrong mode."""

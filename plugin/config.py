@@ -107,6 +107,18 @@ class Config:
     def host_view_path(self) -> Path | None:
         return None if self.host_dev_dir is None else self.host_dev_dir / self.device_name
 
+    def cdi_spec(self) -> bytes:
+        """The CDI spec this configuration owns (hypervisor mode): validated at parse time,
+        written by the reconciler."""
+        return desired_spec(
+            kind_name=self.resource_name,
+            device_name=self.device_name,
+            device_path=self.hypervisor_device,
+            uid=self.device_uid,
+            gid=self.device_gid,
+            cdi_version=self.cdi_version,
+        )
+
     def label(self, flag: str) -> str:
         return flag_label(flag, self.from_env)
 
@@ -222,16 +234,7 @@ class _Values:
 def _check_spec(cfg: Config, values: _Values) -> None:
     """The spec the plugin will write must be valid CDI: the resource name is its kind."""
     try:
-        problems = validate_spec(
-            desired_spec(
-                kind_name=cfg.resource_name,
-                device_name=cfg.device_name,
-                device_path=cfg.hypervisor_device,
-                uid=cfg.device_uid,
-                gid=cfg.device_gid,
-                cdi_version=cfg.cdi_version,
-            )
-        )
+        problems = validate_spec(cfg.cdi_spec())
     except ValueError as exc:
         problems = [str(exc)]
     if problems:

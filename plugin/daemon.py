@@ -16,7 +16,6 @@ import sys
 
 from plugin import logs, shutdown
 from plugin.cdi import CdiReconciler
-from plugin.cdi_spec import desired_spec
 from plugin.config import Config
 from plugin.endpoints import HttpEndpoints
 from plugin.health import HealthState
@@ -34,15 +33,7 @@ EXIT_UNCLEAN_STOP = 3
 def _reconciler(cfg: Config) -> CdiReconciler | None:
     if cfg.mode == "device-access":
         return None
-    desired = desired_spec(
-        kind_name=cfg.resource_name,
-        device_name=cfg.device_name,
-        device_path=cfg.hypervisor_device,
-        uid=cfg.device_uid,
-        gid=cfg.device_gid,
-        cdi_version=cfg.cdi_version,
-    )
-    return CdiReconciler(cfg.cdi_dir, cfg.cdi_filename, desired)
+    return CdiReconciler(cfg.cdi_dir, cfg.cdi_filename, cfg.cdi_spec())
 
 
 async def _wait_streams_closed(health: HealthState, deadline_s: float) -> None:
@@ -69,7 +60,10 @@ async def run(
     started by the caller, owned (closed) here."""
     health = HealthState()
     monitor = Monitor(cfg, health, worker, _reconciler(cfg))
-    registrar = Registrar(cfg, health, lambda: DevicePluginServicer(cfg, health, monitor))
+    # One servicer for every server the registrar starts: its device lists (2000 messages to
+    # build) and answers are made once, not again after each kubelet restart.
+    servicer = DevicePluginServicer(cfg, health, monitor)
+    registrar = Registrar(cfg, health, lambda: servicer)
     monitor.add_mount_listener(registrar.on_mount_change)
     http = HttpEndpoints(health, listener) if listener is not None else None
 

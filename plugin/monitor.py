@@ -190,11 +190,15 @@ class Monitor:
 
     async def _run_cdi_check(self) -> CdiStatus:
         assert self._reconciler is not None
-        # The common case (spec already right) is a read and a compare: do it on the loop. Only a
-        # repair, which writes and fsyncs, goes to a thread where slow storage cannot stall it.
+        # The common case (spec already right) is a read and a compare: do it on the loop. A
+        # repair, which writes and fsyncs, goes to a thread where slow storage cannot stall it,
+        # unless the dir is in memory (tmpfs): there the thread hop is the slowest part.
         status = self._reconciler.inspect()
         if not status.ok:
-            status = await asyncio.to_thread(self._reconciler.reconcile)
+            if self._reconciler.memory_backed():
+                status = self._reconciler.reconcile()
+            else:
+                status = await asyncio.to_thread(self._reconciler.reconcile)
         if status.repaired and status.cause:
             metrics.CDI_REPAIRS.labels(cause=status.cause).inc()
             log(

@@ -308,3 +308,29 @@ def test_spec_is_valid_json_for_runtimes(rec: CdiReconciler) -> None:
     rec.reconcile()
     spec = json.loads(rec.path.read_bytes())
     assert spec["devices"][0]["name"] == "kvm"
+
+
+def _fstype_from_mountinfo(path: Path) -> str:
+    """The filesystem type of the mount holding `path`, as /proc/self/mountinfo says."""
+    best, kind = "", ""
+    real = str(path.resolve())
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        mount_point = fields[4].replace("\\040", " ")
+        fstype = fields[fields.index("-") + 1]
+        inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= len(best):
+            best, kind = mount_point, fstype
+    return kind
+
+
+@pytest.mark.parametrize("where", ["/dev/shm", "/run", "/tmp", "/work", "/proc/self"])
+def test_memory_backed_agrees_with_the_mount_table(where: str) -> None:
+    """Repairs run on the loop only where statfs says tmpfs or ramfs: checked against
+    /proc/self/mountinfo, an independent source, for whatever these paths are here."""
+    if not Path(where).is_dir():
+        pytest.skip(f"{where} is not a directory on this machine")
+    reconciler = CdiReconciler(
+        Path(where), "hyperlight.json", desired_spec(device_name="kvm", device_path="/dev/kvm")
+    )
+    assert reconciler.memory_backed() == (_fstype_from_mountinfo(Path(where)) in ("tmpfs", "ramfs"))
