@@ -29,15 +29,19 @@ def _number(value: float) -> str:
     return repr(float(value))
 
 
-def _label_value(value: str) -> str:
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+def _escape(text: str, quotes: bool = False) -> str:
+    """Backslash and newline escaped, as HELP text needs; label values escape quotes too."""
+    text = text.replace("\\", r"\\").replace("\n", r"\n")
+    return text.replace('"', r"\"") if quotes else text
 
 
 def _labels(names: Sequence[str], values: Sequence[str]) -> str:
     if not names:
         return ""
     return (
-        "{" + ",".join(f'{n}="{_label_value(v)}"' for n, v in zip(names, values, strict=True)) + "}"
+        "{"
+        + ",".join(f'{n}="{_escape(v, quotes=True)}"' for n, v in zip(names, values, strict=True))
+        + "}"
     )
 
 
@@ -59,7 +63,7 @@ class _Family:
         return tuple(str(values[n]) for n in self.labelnames)
 
     def header(self) -> Iterator[str]:
-        doc = self.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        doc = _escape(self.documentation)
         # Named as the samples are (a counter's with _total), as the 0.0.4 parsers expect.
         name = self.name + (self.suffix if self.kind == "counter" else "")
         yield f"# HELP {name} {doc}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Generic, TypeVar
 
@@ -128,9 +128,7 @@ class Monitor:
             self._dir_watch.drain()
         watch = self._mount_watch
         if watch is not None and (watch.changes != self._mount_changes or watch.pending()):
-            self._void_passes()
-            self._due.update((_CDI, _DEVICE))
-            self._kick.set()
+            self._recheck_everything()
 
     def _cdi_desired_now(self) -> bool:
         if self._reconciler is None:
@@ -213,10 +211,13 @@ class Monitor:
         self._health.set_cdi(status.ok, status.reason)
         return status
 
-    async def check_all(self) -> None:
-        """CDI first: devices are never advertised healthy before the spec is right."""
-        await self.check_cdi()
-        await self.check_device()
+    async def check_all(self, due: Collection[str] = (_CDI, _DEVICE)) -> None:
+        """The checks in `due` (both by default). CDI first: devices are never advertised
+        healthy before the spec is right."""
+        if _CDI in due:
+            await self.check_cdi()
+        if _DEVICE in due:
+            await self.check_device()
         if self._reconciler is None:
             self._health.set_cdi(True, "")
 
@@ -236,14 +237,18 @@ class Monitor:
             self._due.add(_DEVICE)
         self._kick.set()
 
+    def _recheck_everything(self) -> None:
+        """A mount-table change: any watched path may now be another filesystem."""
+        self._void_passes()
+        self._due.update((_CDI, _DEVICE))
+        self._kick.set()
+
     def _on_mount_change(self, loop: asyncio.AbstractEventLoop) -> None:
         seen = self._mount_watch.changes if self._mount_watch is not None else 0
 
         def both() -> None:
             self._mount_changes = max(self._mount_changes, seen)
-            self._void_passes()
-            self._due.update((_CDI, _DEVICE))
-            self._kick.set()
+            self._recheck_everything()
             if self._dir_watch is not None:
                 self._dir_watch.rewatch()
             for listener in self._mount_listeners:
@@ -272,10 +277,7 @@ class Monitor:
                     self._due.update((_CDI, _DEVICE))
                 self._kick.clear()
                 due, self._due = self._due, set()
-                if _CDI in due:  # CDI first, as in check_all
-                    await self.check_cdi()
-                if _DEVICE in due:
-                    await self.check_device()
+                await self.check_all(due)
         finally:
             await reap(watcher)
             self._mount_watch.close()
