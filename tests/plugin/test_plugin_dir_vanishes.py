@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from pathlib import Path
 
 from tests.plugin.kubelet_stub import KubeletStub
 from tests.plugin.plugin_process import PluginProcess, wait_for
@@ -18,12 +19,19 @@ def _registered(plugin: PluginProcess) -> bool:
     return bool(conditions["registered"]["ok"])
 
 
+def _removed(path: Path) -> bool:
+    shutil.rmtree(path, ignore_errors=True)
+    return not path.exists()
+
+
 def test_plugin_survives_its_directory_vanishing(
     plugin: PluginProcess, kubelet: KubeletStub
 ) -> None:
     wait_for(lambda: _registered(plugin), 10, "registered")
     kubelet.stop()
-    shutil.rmtree(plugin.node.plugin_dir)
+    # The plugin serves again on a fresh socket as soon as its own one goes, possibly inside the
+    # directory while rmtree is still emptying it: remove until it stays removed.
+    wait_for(lambda: _removed(plugin.node.plugin_dir), 10, "the plugin dir removed")
     wait_for(lambda: not _registered(plugin), 10, "not registered with the plugin dir gone")
     wait_for(
         lambda: any(e.get("event") == "serve_failed" for e in plugin.events()),
