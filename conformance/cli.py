@@ -14,13 +14,15 @@ from typing import Any
 from conformance import cli_inputs as inputs
 from conformance import cluster_nodes
 from conformance.contract import manifest
-from conformance.contract.plugin import ProfileError
+from conformance.contract.cluster_options import ClusterOptions
+from conformance.contract.errors import Unhonoured
+from conformance.contract.plugin import PluginUnderTest, ProfileError
 from conformance.contract.plugin import resolve as resolve_plugin
+from conformance.contract.runcontext import ENV_CONTEXT, RunContext
 from conformance.scenarios import CATALOGUE, CLEANUP
 from conformance.targets import RUNTIMES, TARGETS, plan_text
 from conformance.targets.cluster.kindbin import kind_facts
-from conformance.targets.cluster.plan import ENV_OPTIONS, ClusterOptions
-from plugin.api.names import default_plugin_image
+from conformance.targets.honour import refusal
 
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
 EXIT_NO_CHECKS = inputs.EXIT_NO_CHECKS
@@ -64,8 +66,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--image",
-        default=os.environ.get("HV_IMAGE") or default_plugin_image(),
-        help="kind/aks: plugin image, fixed tag (never :latest)",
+        default=os.environ.get("HV_IMAGE", ""),
+        help="container runtime, kind, aks, cluster: override the profile's deploy.image "
+        "(a fixed tag, never :latest, or a digest) [HV_IMAGE]",
     )
     run.add_argument(
         "--guest-image",
@@ -202,20 +205,20 @@ def _render_reports(results: Path, out: Path, *, partial: bool) -> None:
 
 
 def _cluster_options(
-    ns: argparse.Namespace, run_id: str, out: Path
-) -> tuple[dict[str, str], int | None]:
-    """Validate cluster options; print the plan for --dry-run. Returns (env, exit code or None)."""
+    ns: argparse.Namespace, run_id: str, out: Path, plugin: PluginUnderTest
+) -> tuple[ClusterOptions | None, int | None]:
+    """Validate cluster options; print the plan for --dry-run. Returns (options, exit code)."""
     if not TARGETS[ns.target].cluster:
         if ns.dry_run:
             clusters = "|".join(name for name, t in TARGETS.items() if t.cluster)
             print(f"hvconform: --dry-run is for --target {clusters}", file=sys.stderr)
-            return {}, 2
-        return {}, None
+            return None, 2
+        return None, None
 
     try:
         options = ClusterOptions(
             target=ns.target,
-            image=ns.image,
+            image=ns.image or plugin.image or "",
             guest_image=ns.guest_image,
             hypervisor=ns.hypervisor,
             run_id=run_id,
@@ -239,22 +242,16 @@ def _cluster_options(
             options = cluster_nodes.resolve(options)  # --all-nodes: the nodes, by name
     except ValueError as exc:
         print(f"hvconform: {exc}", file=sys.stderr)
-        return {}, 2
+        return None, 2
     if ns.dry_run:
-        print(plan_text(ns.target, options), end="")
-        return {}, 0
-    if ns.plugin_cmd:
-        print(
-            "hvconform: --plugin-cmd is for the local target; on clusters the image is the plugin",
-            file=sys.stderr,
-        )
-        return {}, 2
+        print(plan_text(ns.target, options, plugin), end="")
+        return None, 0
     if ns.target == "kind":
         facts = kind_facts(options.node_image)
         print(f"hvconform: kind {facts['kind']} ({facts['kind_version']}), "
               f"node image {facts['node_image']}", flush=True)  # fmt: skip
     ns.workers = "0"  # one cluster per run: serial
-    return {ENV_OPTIONS: options.to_env()}, None
+    return options, None
 
 
 def _input_problem(ns: argparse.Namespace) -> str | None:
@@ -308,10 +305,18 @@ def cmd_run(ns: argparse.Namespace) -> int:
     except ProfileError as exc:
         print(f"hvconform: {exc}", file=sys.stderr)
         return 2
+    why = refusal(plugin, ns.target, ns.runtime, image=ns.image)
+    if why:
+        print(f"hvconform: {why}", file=sys.stderr)
+        return inputs.EXIT_BAD_INPUT
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
     root = Path(ns.reports_root).resolve()
     out = Path(ns.out).resolve() if ns.out else root / run_id
-    cluster_env, code = _cluster_options(ns, run_id, out)
+    try:
+        cluster, code = _cluster_options(ns, run_id, out, plugin)
+    except (Unhonoured, ValueError) as exc:  # the profile's objects cannot be rendered
+        print(f"hvconform: {str(exc).splitlines()[0][:300]}", file=sys.stderr)
+        return inputs.EXIT_BAD_INPUT
     if code is not None:
         return code
     if ns.target == "node":
@@ -321,6 +326,20 @@ def cmd_run(ns: argparse.Namespace) -> int:
         print(f"hvconform: {problem}", file=sys.stderr)
         return inputs.EXIT_BAD_INPUT
     out.mkdir(parents=True, exist_ok=True)
+    if ns.image and cluster is None and plugin.deploy is not None:
+        plugin = plugin.with_image(ns.image)  # the documented override, on every target
+    ctx = RunContext(
+        run_id=run_id,
+        out_dir=str(out),
+        target=ns.target,
+        runtime=ns.runtime,
+        plugin=plugin if cluster is None else plugin.with_image(cluster.image),
+        recovery_timeout_s=ns.recovery_timeout,
+        markexpr=ns.markexpr,
+        workers=str(ns.workers),
+        cluster=cluster,
+    )
+    context_path = ctx.write()
     args = [
         sys.executable,
         "-m",
@@ -334,21 +353,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
         "conformance.suite.pytest_plugin",
         "-p",
         "no:cacheprovider",
-        "--target",
-        ns.target,
-        "--runtime",  # was parsed and never passed on: --runtime container ran processes
-        ns.runtime,
-        "--out",
-        str(out),
-        "--run-id",
-        run_id,
+        "--context",
+        str(context_path),
         "-q",
         "-rA",
     ]
-    if ns.plugin_cmd:
-        args += ["--plugin-cmd", ns.plugin_cmd]
-    if ns.plugin_profile:
-        args += ["--plugin-profile", str(Path(ns.plugin_profile).resolve())]
     print(f"hvconform: plugin under test: {plugin.name} ({plugin.source})", flush=True)
     if ns.markexpr:
         args += ["-m", ns.markexpr]
@@ -356,12 +365,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
         args += ["-n", ns.workers, "--dist", "loadfile"]
     args += ns.pytest_args
     print(f"hvconform: run {run_id} on target {ns.target}; results in {out}", flush=True)
-    env = {**os.environ, "HV_RECOVERY_TIMEOUT_S": str(ns.recovery_timeout), **cluster_env}
-    options = ClusterOptions.from_env(cluster_env) if cluster_env else None
-    if options is not None and options.target == "cluster" and len(options.nodes) > 1:
+    env = {**os.environ, ENV_CONTEXT: str(context_path)}
+    if cluster is not None and cluster.target == "cluster" and len(cluster.nodes) > 1:
         # a node pool: one suite process per node at once, the plugin deployed once for all
         return cluster_nodes.run(
-            options, args, env, out, lambda d: _render_reports(d / "results.json", d, partial=False)
+            ctx, args, env, lambda d: _render_reports(d / "results.json", d, partial=False)
         )
     code = inputs.run_pytest(args, env)
     # The run started from a new or empty --out: all it holds now, the run wrote.

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conformance.targets.cluster.plan import ENV_OPTIONS, ClusterOptions
+from conformance.contract.cluster_options import ClusterOptions
+from conformance.contract.runcontext import ENV_CONTEXT, RunContext
 
 
 def resolve(options: ClusterOptions) -> ClusterOptions:
@@ -35,10 +36,9 @@ def resolve(options: ClusterOptions) -> ClusterOptions:
     return options.with_(nodes=tuple(names), all_nodes=False)
 
 
-def _node_argv(args: list[str], out: Path, run_id: str) -> list[str]:
+def _node_argv(args: list[str], context: Path) -> list[str]:
     argv = list(args)
-    argv[argv.index("--out") + 1] = str(out)
-    argv[argv.index("--run-id") + 1] = run_id
+    argv[argv.index("--context") + 1] = str(context)
     return argv
 
 
@@ -52,18 +52,16 @@ def _counts(out: Path) -> dict[str, Any]:
 
 
 def run(
-    options: ClusterOptions,
-    args: list[str],
-    env: dict[str, str],
-    out: Path,
-    render: Callable[[Path], None],
+    ctx: RunContext, args: list[str], env: dict[str, str], render: Callable[[Path], None]
 ) -> int:
     """Deploy once, one suite process per node, delete once; the worst exit code."""
     from conformance.targets.cluster.existing import ExistingLifecycle
 
-    run_id = args[args.index("--run-id") + 1]
+    assert ctx.cluster is not None
+    options, out, run_id = ctx.cluster, ctx.out, ctx.run_id
     controller = ExistingLifecycle(
-        options.with_(extra={**options.extra, "scope": "cluster"}, workdir=str(out / "cluster"))
+        options.with_(extra={**options.extra, "scope": "cluster"}, workdir=str(out / "cluster")),
+        plugin=ctx.plugin,
     )
     codes: dict[str, int] = {}
     try:
@@ -76,9 +74,12 @@ def run(
                     workdir=str(out / node / "cluster"),
                 )
                 (out / node).mkdir(parents=True, exist_ok=True)
+                node_ctx = ctx.with_(
+                    cluster=node_options, out_dir=str(out / node), run_id=f"{run_id}-{node}"
+                )
+                path = node_ctx.write()
                 procs[node] = subprocess.Popen(
-                    _node_argv(args, out / node, f"{run_id}-{node}"),
-                    env={**env, ENV_OPTIONS: node_options.to_env()},
+                    _node_argv(args, path), env={**env, ENV_CONTEXT: str(path)}
                 )
             for node, proc in procs.items():
                 codes[node] = proc.wait()

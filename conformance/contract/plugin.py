@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 import yaml
 
-from conformance.contract.results import NotApplicable
+from conformance.contract.deploy import Deploy, parse_deploy
+from conformance.contract.errors import ProfileError as ProfileError
 from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
 
 ProbeType = Literal["http", "grpc-health", "exec", "none"]
@@ -31,12 +32,8 @@ SHIPPED = Path(__file__).resolve().parent.parent / "profiles" / "hv-device-plugi
 # Placeholders a command, an env value or a probe may use; each is filled by the target.
 PLACEHOLDERS = ("python", "profile_dir", "health_addr", "health_host", "health_port")
 _MAX_PROFILE_BYTES = 64 * 1024
-_TOP_KEYS = {"name", "command", "env", "paths", "readiness", "liveness", "resource", "cdi", "image"}
+_TOP_KEYS = {"name", "command", "env", "paths", "readiness", "liveness", "resource", "cdi", "deploy"}
 _PATH_KEYS = {"devicePluginDir", "cdiDir", "devices", "hostDevDir"}
-
-
-class ProfileError(ValueError):
-    """A profile that cannot be used; the message is one line naming the file and the key."""
 
 
 @dataclass(frozen=True)
@@ -74,10 +71,13 @@ class PluginUnderTest:
     resource: str | None = None  # discovered from Register when None
     cdi_kind: str | None = None  # discovered from Allocate answers when None
     cdi_spec: str | None = None  # discovered from the CDI directory when None
-    image: str | None = None  # for container and cluster targets
+    deploy: Deploy | None = None  # how it runs in a container and on a cluster
     source: str = ""  # where the description came from (a file, --plugin-cmd)
     profile_dir: str = "."
-    base_command: tuple[str, ...] = ()  # --plugin-cmd as given, before the flags were added
+
+    @property
+    def image(self) -> str | None:
+        return None if self.deploy is None else self.deploy.image
 
     @property
     def uses_health_addr(self) -> bool:
@@ -105,6 +105,12 @@ class PluginUnderTest:
     def environment(self, health_addr: str = "") -> dict[str, str]:
         return {k: self.fill(v, health_addr) for k, v in self.env.items()}
 
+    def with_image(self, image: str) -> PluginUnderTest:
+        """The documented override of deploy.image (--image); unchanged without a deploy."""
+        if self.deploy is None or not image:
+            return self
+        return replace(self, deploy=replace(self.deploy, image=image))
+
     def with_env(self, **extra: str) -> PluginUnderTest:
         return replace(self, env={**self.env, **extra})
 
@@ -122,7 +128,62 @@ class PluginUnderTest:
             },
             "readiness": self.readiness.type,
             "liveness": self.liveness.type,
+            "image": self.image,
         }
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything, as the run context stores it (from_json reads it back unchanged)."""
+        return {
+            "name": self.name,
+            "command": list(self.command),
+            "env": dict(self.env),
+            "paths": {
+                "device_plugin_dir": self.paths.device_plugin_dir,
+                "cdi_dir": self.paths.cdi_dir,
+                "devices": list(self.paths.devices),
+                "host_dev_dir": self.paths.host_dev_dir,
+            },
+            "readiness": _probe_json(self.readiness),
+            "liveness": _probe_json(self.liveness),
+            "resource": self.resource,
+            "cdi_kind": self.cdi_kind,
+            "cdi_spec": self.cdi_spec,
+            "deploy": None if self.deploy is None else self.deploy.to_json(),
+            "source": self.source,
+            "profile_dir": self.profile_dir,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PluginUnderTest:
+        paths = data["paths"]
+        return cls(
+            name=data["name"],
+            command=tuple(data["command"]),
+            env=dict(data["env"]),
+            paths=Paths(
+                paths["device_plugin_dir"],
+                paths["cdi_dir"],
+                tuple(paths["devices"]),
+                paths["host_dev_dir"],
+            ),
+            readiness=_probe_from(data["readiness"]),
+            liveness=_probe_from(data["liveness"]),
+            resource=data["resource"],
+            cdi_kind=data["cdi_kind"],
+            cdi_spec=data["cdi_spec"],
+            deploy=None if data["deploy"] is None else Deploy.from_json(data["deploy"]),
+            source=data["source"],
+            profile_dir=data["profile_dir"],
+        )
+
+
+def _probe_json(probe: Probe) -> dict[str, Any]:
+    return {"type": probe.type, "url": probe.url, "service": probe.service,
+            "command": list(probe.command)}  # fmt: skip
+
+
+def _probe_from(data: Mapping[str, Any]) -> Probe:
+    return Probe(data["type"], data["url"], data["service"], tuple(data["command"]))
 
 
 def from_plugin_cmd(cmd: str) -> PluginUnderTest:
@@ -147,7 +208,6 @@ def from_plugin_cmd(cmd: str) -> PluginUnderTest:
         readiness=Probe("http", url="http://{health_addr}/readyz"),
         liveness=Probe("http", url="http://{health_addr}/healthz"),
         source=f"--plugin-cmd {cmd}",
-        base_command=tuple(base),
     )
 
 
@@ -277,23 +337,9 @@ def parse_profile(data: Any, where: str, profile_dir: Path) -> PluginUnderTest:
         resource=None if resource is None else _str(resource, f"{where}.resource"),
         cdi_kind=None if cdi.get("kind") is None else _str(cdi["kind"], f"{where}.cdi.kind"),
         cdi_spec=spec,
-        image=None if data.get("image") is None else _str(data["image"], f"{where}.image"),
+        deploy=parse_deploy(data.get("deploy"), f"{where}.deploy", profile_dir),
         source=where,
         profile_dir=str(profile_dir),
-    )
-
-
-def flag_convention_command(plugin: PluginUnderTest) -> list[str]:
-    """The command of a plugin that takes this repository's directory flags (the container and
-    real-node targets still append them); empty for the shipped profile (the target's default).
-    A fixed-path plugin cannot run there yet: NotApplicable says so."""
-    if plugin.base_command:
-        return list(plugin.base_command)
-    if Path(plugin.source) == SHIPPED:
-        return []
-    raise NotApplicable(
-        f"plugin {plugin.name!r} (from {plugin.source}) runs with fixed paths; this target "
-        "passes directory flags (use --target local, or --plugin-cmd for a flag-driven plugin)"
     )
 
 

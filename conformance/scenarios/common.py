@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
-import os
 import time
 
+from conformance.contract import runcontext
 from conformance.contract.node import CAP_GUEST, CAP_LIVENESS, CAP_READINESS, Node
 from conformance.contract.results import NotApplicable, Recorder
 from conformance.contract.wait import wait_for
 
 # How long a plugin may take to notice a fault and to recover from it. The seed measured 22-32 s
 # of recovery on AKS with a polling plugin; `hvconform run --recovery-timeout` adjusts both.
-RECOVERY_TIMEOUT_S = float(os.environ.get("HV_RECOVERY_TIMEOUT_S", "60"))
+
+
+def _recovery_timeout() -> float:
+    try:
+        return runcontext.current().recovery_timeout_s
+    except RuntimeError:  # imported outside a run (unit tests): the CLI's default
+        return 60.0
+
+
+RECOVERY_TIMEOUT_S = _recovery_timeout()
 FAULT_TIMEOUT_S = min(30.0, RECOVERY_TIMEOUT_S)
 
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from conformance.contract import runcontext
+
 from conformance.contract.preconditions import (
     BLOCKED_ENV,
     EXIT_ENVIRONMENT_BLOCKED,
@@ -69,7 +71,8 @@ def nothing_created() -> tuple[str, str]:
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
         return
-    check(config.getoption("--target"), config.getoption("--runtime"))
+    ctx = runcontext.current()
+    check(ctx.target, ctx.runtime)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

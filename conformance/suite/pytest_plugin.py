@@ -8,7 +8,6 @@ results.json. Skips carry their status ("not_applicable: ...") so nothing skippe
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from conformance.contract import runcontext
 from conformance.contract.ledger import read_entries, survivors
 from conformance.contract.node import Node
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.plugin import resolve as resolve_plugin
+from conformance.contract.runcontext import RunContext
 from conformance.contract.results import (
     CheckRecord,
     EnvironmentBlocked,
@@ -33,7 +32,7 @@ from conformance.contract.target_report import merge_reports
 from conformance.metadata.twophase import TwoPhase
 from conformance.scenarios import BY_ID, CATALOGUE, CLEANUP, Check
 from conformance.suite import environment, preflight
-from conformance.targets import RUNTIMES, open_target
+from conformance.targets import open_target
 
 USER_PROP = "hv_check"
 # Preconditions: checked before the first check; an unmet one blocks every check.
@@ -42,16 +41,10 @@ pytest_plugins = ["conformance.suite.preflight"]
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("hvconform")
-    group.addoption("--target", default="local", help="node target: local (default)")
-    group.addoption("--out", default="", help="results directory (default reports/<run-id>)")
-    group.addoption("--plugin-cmd", default="", help="command that starts the plugin under test")
-    group.addoption("--plugin-profile", default="", help="profile of the plugin under test")
-    group.addoption("--run-id", default="", help="run id (default: timestamp)")
     group.addoption(
-        "--runtime",
-        default="process",
-        choices=RUNTIMES,
-        help="local target: plugin and workloads as sandboxed processes (default) or containers",
+        "--context",
+        default="",
+        help="the run context hvconform run wrote (run-context.json); every input comes from it",
     )
 
 
@@ -59,25 +52,24 @@ def pytest_configure(config: pytest.Config) -> None:
     for check in (*CATALOGUE, CLEANUP):
         config.addinivalue_line("markers", f"{check.marker}: {check.marker} checks")
     config.addinivalue_line("markers", "check_id(id): stable check id used by reports")
+    path = config.getoption("--context")
+    if path:
+        runcontext.install(runcontext.read(path), Path(path).resolve())
     if not hasattr(config, "workerinput"):  # controller or single process
-        run_id = config.getoption("--run-id") or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        out = Path(config.getoption("--out") or Path("reports") / run_id).resolve()
-        out.mkdir(parents=True, exist_ok=True)
-        config.stash[_RUN] = {
-            "id": run_id,
-            "out": str(out),
-            "started": time.time(),
-            "records": {},
-            "done": 0,
-        }
-        os.environ["HV_RUN_ID"], os.environ["HV_RUN_OUT"] = run_id, str(out)
+        ctx = context()
+        ctx.out.mkdir(parents=True, exist_ok=True)
+        config.stash[_RUN] = {"started": time.time(), "records": {}, "done": 0}
 
 
 _RUN = pytest.StashKey[dict[str, Any]]()
 
 
+def context() -> RunContext:
+    return runcontext.current()
+
+
 def run_dir() -> Path:
-    return Path(os.environ["HV_RUN_OUT"])
+    return context().out
 
 
 def worker_id(config: pytest.Config) -> str:
@@ -87,7 +79,8 @@ def worker_id(config: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def node(request: pytest.FixtureRequest) -> Iterator[Node]:
     config = request.config
-    target = config.getoption("--target")
+    ctx = context()
+    target = ctx.target
     # The two-phase host device check wraps the node's whole life: snapshot before it exists,
     # startup verdict once it is up, final verdict after it is gone. On kind the cluster
     # lifecycle runs the phases itself (startup takes the node's kvm group); an AKS node's device
@@ -98,12 +91,7 @@ def node(request: pytest.FixtureRequest) -> Iterator[Node]:
         two_phase.snapshot_original()
     try:
         with open_target(
-            target,
-            out_dir=run_dir(),
-            worker=worker_id(config),
-            plugin=plugin_under_test(config),
-            runtime=config.getoption("--runtime"),
-            metadata=None if local_phases else two_phase,
+            ctx, worker=worker_id(config), metadata=None if local_phases else two_phase
         ) as target_node:
             if two_phase is not None and local_phases:
                 two_phase.check_startup(None)  # no udev on these nodes: unchanged is the rule
@@ -131,10 +119,6 @@ def check_record(request: pytest.FixtureRequest) -> Iterator[tuple[Check, Record
     rec = Recorder(record, run_dir() / "evidence")
     yield check, rec
     request.node.user_properties.append((USER_PROP, json.dumps(record.to_json())))
-
-
-def plugin_under_test(config: pytest.Config) -> PluginUnderTest:
-    return resolve_plugin(config.getoption("--plugin-profile"), config.getoption("--plugin-cmd"))
 
 
 # Per worker: the check that left this worker's node dirty, and what could not be restored.
@@ -327,7 +311,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(config, "workerinput") or _RUN not in config.stash:
         return
     run = config.stash[_RUN]
-    out = Path(run["out"])
+    ctx = context()
+    out = ctx.out
     records = run["records"]
     if records:
         records[CLEANUP.id] = _cleanup_record(out)
@@ -356,16 +341,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     write_results(
         out / "results.json",
         run={
-            "id": run["id"],
-            "target": config.getoption("--target"),
-            "runtime": config.getoption("--runtime"),
+            "id": ctx.run_id,
+            "target": ctx.target,
+            "runtime": ctx.runtime,
             "started_at": environment.iso(run["started"]),
             "finished_at": environment.iso(finished),
             "duration_s": round(finished - run["started"], 3),
             "exit_code": int(session.exitstatus),
-            "plugin_cmd": config.getoption("--plugin-cmd")
-            or plugin_under_test(config).summary()["command"],
-            "plugin": plugin_under_test(config).summary(),
+            "plugin_cmd": ctx.plugin.summary()["command"],
+            "plugin": ctx.plugin.summary(),
             "markexpr": config.getoption("-m") or "",
             "counts": counts,
             "workers": str(config.getoption("numprocesses", None) or 0),
@@ -382,7 +366,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             ),
         },
         environment={
-            **environment.collect_for(config.getoption("--target"), config.getoption("--runtime")),
+            **environment.collect_for(ctx.target, ctx.runtime),
             **({"targets": targets} if targets else {}),
             **({"cluster": cluster} if cluster else {}),
         },

@@ -5,7 +5,10 @@ Kubernetes e2e provider registry is the model): a family module is imported by n
 target is chosen, so families never import each other through the registry, and adding a target
 is one entry here plus its module. Each family module exposes
 
-    open_node(*, out_dir, worker, plugin, metadata) -> context manager yielding a Node
+    open_node(ctx, *, worker, metadata) -> context manager yielding a Node
+
+where ctx is the run's RunContext (conformance.contract.runcontext): the plugin under test, the
+out dir and the target's options, validated once by the CLI; a family reads nothing else,
 
 and cluster families (created and deleted by the suite) also `build_plan(options, objects)` and
 `plan_text(options)` for `--dry-run`. Next to each family module, a `preflight` module gives the
@@ -22,7 +25,6 @@ import importlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 
@@ -79,17 +81,13 @@ def preflight(name: str, runtime: str = "process") -> Any:
 
 
 def open_target(
-    name: str,
-    *,
-    out_dir: Path,
-    worker: str,
-    plugin: Any,
-    runtime: str = "process",
-    metadata: object | None = None,
+    ctx: Any, *, worker: str, metadata: object | None = None
 ) -> AbstractContextManager[Any]:
-    """A context manager yielding the target's Node; its teardown always runs."""
-    opener: Callable[..., AbstractContextManager[Any]] = module_for(name, runtime).open_node
-    return opener(out_dir=out_dir, worker=worker, plugin=plugin, metadata=metadata)
+    """A context manager yielding the target's Node for the run context `ctx`; its teardown
+    always runs."""
+    module = module_for(ctx.target, ctx.runtime)
+    opener: Callable[..., AbstractContextManager[Any]] = module.open_node
+    return opener(ctx, worker=worker, metadata=metadata)
 
 
 def cluster_module(name: str) -> Any:
@@ -100,12 +98,14 @@ def cluster_module(name: str) -> Any:
     return module_for(name)
 
 
-def build_plan(name: str, options: Any, *, objects: list[dict[str, Any]] | None = None) -> Any:
+def build_plan(
+    name: str, options: Any, *, objects: list[dict[str, Any]] | None = None, plugin: Any = None
+) -> Any:
     """Every step of a cluster run in order, cleanup included; executes nothing."""
-    return cluster_module(name).build_plan(options.with_(target=name).validate(), objects)
+    return cluster_module(name).build_plan(options.with_(target=name).validate(), objects, plugin)
 
 
-def plan_text(name: str, options: Any) -> str:
-    """What `--dry-run` prints."""
-    text: str = cluster_module(name).plan_text(options.with_(target=name).validate())
+def plan_text(name: str, options: Any, plugin: Any = None) -> str:
+    """What `--dry-run` prints: the plan that deploys `plugin` (its profile's objects)."""
+    text: str = cluster_module(name).plan_text(options.with_(target=name).validate(), plugin)
     return text

@@ -27,8 +27,10 @@ from conformance.targets.cluster.diag import DIAG_NAME, DiagPods, diag_namespace
 from conformance.targets.cluster.kube import Obj
 from conformance.targets.cluster.lifecycle import Action
 from conformance.targets.cluster.node import ClusterNode
+from conformance.contract.plugin import PluginUnderTest
+from conformance.contract.runcontext import RunContext
 from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
-from conformance.targets.cluster.run import ClusterLifecycle, open_cluster
+from conformance.targets.cluster.run import cluster_options, ClusterLifecycle, open_cluster
 from conformance.targets.cluster.workloads import (
     RUN_LABEL,
     TAINT_KEY,
@@ -58,7 +60,9 @@ class AksLifecycle(ClusterLifecycle):
     # -- hooks ----------------------------------------------------------------------------
 
     def prepare(self, rendered: list[Obj]) -> tuple[list[Obj], Layout]:
-        return prepare(rendered, pin_labels={RUN_LABEL: self.options.short_id}, taint=True)
+        return prepare(
+            rendered, pin_labels={RUN_LABEL: self.options.short_id}, taint=True, pods=self.pods
+        )
 
     def extra_namespaces(self) -> list[Obj]:
         return [diag_namespace(self.options)]
@@ -305,23 +309,26 @@ class AksLifecycle(ClusterLifecycle):
         )
 
 
-def build_plan(options: ClusterOptions, objects: list[Obj] | None = None) -> list[Step]:
+def build_plan(
+    options: ClusterOptions,
+    objects: list[Obj] | None = None,
+    plugin: PluginUnderTest | None = None,
+) -> list[Step]:
     """The AKS plan; builds the lifecycle without running anything."""
-    return AksLifecycle(options, objects).steps()
+    return AksLifecycle(options, objects, plugin=plugin).steps()
 
 
-def plan_text(options: ClusterOptions) -> str:
+def plan_text(options: ClusterOptions, plugin: PluginUnderTest | None = None) -> str:
     """What `--dry-run` prints for AKS."""
     where = f"AKS {options.resource_group}/{options.cluster}, {options.hypervisor}"
-    return render_plan(build_plan(options), f"hvconform plan: {where}, image {options.image}")
+    return render_plan(build_plan(options, None, plugin), f"hvconform plan: {where}, image {options.image}")
 
 
 @contextlib.contextmanager
-def open_node(
-    *, out_dir: Path, worker: str, plugin: object, metadata: object | None = None
-) -> Iterator[ClusterNode]:
+def open_node(ctx: RunContext, *, worker: str, metadata: object | None = None) -> Iterator[ClusterNode]:
     """The registry's entry: a temporary AKS node pool, its node, always deleted. The node's
     device is not on this machine, so there is no host metadata to check here."""
-    options = ClusterOptions.from_env().with_(target="aks").validate()
-    with open_cluster(AksLifecycle(options, None), out_dir=out_dir) as node:
+    options = cluster_options(ctx, "aks")
+    out_dir = ctx.out
+    with open_cluster(AksLifecycle(options, None, plugin=ctx.plugin), out_dir=out_dir) as node:
         yield node

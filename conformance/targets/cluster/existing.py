@@ -27,12 +27,15 @@ from conformance.targets.cluster.access import (
     local_kubelet,
     pod_exec_text,
 )
+from conformance.targets.cluster.deploy import manifest_yaml
 from conformance.targets.cluster.diag import DIAG_NAME, DiagPods, diag_namespace, diag_steps
 from conformance.targets.cluster.kube import KubeApi, Obj
 from conformance.targets.cluster.lifecycle import Action
 from conformance.targets.cluster.node import ClusterNode
+from conformance.contract.plugin import PluginUnderTest
+from conformance.contract.runcontext import RunContext
 from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
-from conformance.targets.cluster.run import RESTORE, ClusterLifecycle, open_cluster
+from conformance.targets.cluster.run import cluster_options, RESTORE, ClusterLifecycle, open_cluster
 from conformance.targets.cluster.workloads import Layout, diagnostic_pod, prepare
 from plugin.api.names import HYPERVISOR_RESOURCE
 
@@ -66,15 +69,6 @@ def failed_verdict(verdict: object) -> bool:
 
 def verdict_message(verdict: object) -> str:
     return str(getattr(verdict, "message", verdict))
-
-
-def rendered_text(options: ClusterOptions) -> str:
-    """What `hvconform manifests` prints for this run's target, image and namespace."""
-    manifests = importlib.import_module("conformance.manifests")
-    text: str = manifests.render_manifests(
-        options.manifest_target, image=options.image, namespace=options.plugin_namespace
-    )
-    return text
 
 
 def parse(text: str) -> list[Obj]:
@@ -132,11 +126,12 @@ class ExistingLifecycle(ClusterLifecycle):
         **kw: Any,
     ) -> None:
         self.metadata = metadata
-        self.text = rendered_text(options) if objects is None else ""
         node_name = options.nodes[0] if options.nodes else ""
         if "api_factory" not in kw:
             kw["api_factory"] = lambda path: KubeApi(path, context=options.context)
-        super().__init__(options, parse(self.text) if objects is None else objects, **kw)
+        super().__init__(options, objects, **kw)
+        # the exact objects the profile rendered, kept next to the cluster report
+        self.text = manifest_yaml(self.rendered) + "\n" if objects is None else ""
         self.kubeconfig = options.kubeconfig  # the caller's: read, never written nor removed
         self.node_name = node_name
         self.diag = DiagPods(self.api, options, self.report)
@@ -145,7 +140,7 @@ class ExistingLifecycle(ClusterLifecycle):
     # -- hooks ----------------------------------------------------------------------------
 
     def prepare(self, rendered: list[Obj]) -> tuple[list[Obj], Layout]:
-        return prepare(rendered, isolate_host_view=False)
+        return prepare(rendered, isolate_host_view=False, pods=self.pods)
 
     def extra_namespaces(self) -> list[Obj]:
         return [diag_namespace(self.options)] if self.options.node_access == "pod" else []
@@ -271,25 +266,28 @@ def kvm_nodes(api: KubeApi) -> list[str]:
     return sorted(str(n["metadata"]["name"]) for n in nodes)
 
 
-def build_plan(options: ClusterOptions, objects: list[Obj] | None = None) -> list[Step]:
+def build_plan(
+    options: ClusterOptions,
+    objects: list[Obj] | None = None,
+    plugin: PluginUnderTest | None = None,
+) -> list[Step]:
     """The existing-cluster plan; builds the lifecycle without running anything."""
-    return ExistingLifecycle(options, objects).steps()
+    return ExistingLifecycle(options, objects, plugin=plugin).steps()
 
 
-def plan_text(options: ClusterOptions) -> str:
+def plan_text(options: ClusterOptions, plugin: PluginUnderTest | None = None) -> str:
     """What `--dry-run` prints for the cluster target."""
     where = ", ".join(options.nodes) or "every KVM node"
     title = f"hvconform plan: existing cluster, {where}, {options.node_access} node access"
-    return render_plan(build_plan(options), f"{title}, image {options.image}")
+    return render_plan(build_plan(options, None, plugin), f"{title}, image {options.image}")
 
 
 @contextlib.contextmanager
-def open_node(
-    *, out_dir: Path, worker: str, plugin: object, metadata: object | None = None
-) -> Iterator[ClusterNode]:
+def open_node(ctx: RunContext, *, worker: str, metadata: object | None = None) -> Iterator[ClusterNode]:
     """The registry's entry: the plugin deployed on the caller's cluster, one node of it."""
-    options = ClusterOptions.from_env().with_(target="cluster").validate()
+    options = cluster_options(ctx, "cluster")
+    out_dir = ctx.out
     extra = {"metadata": metadata} if metadata is not None else {}
-    lifecycle = ExistingLifecycle(options, None, **extra)  # type: ignore[arg-type]
+    lifecycle = ExistingLifecycle(options, None, plugin=ctx.plugin, **extra)  # type: ignore[arg-type]
     with open_cluster(lifecycle, out_dir=out_dir) as node:
         yield node

@@ -31,8 +31,10 @@ from conformance.targets.cluster.kindbin import kind_env, kind_facts
 from conformance.targets.cluster.kube import Obj
 from conformance.targets.cluster.lifecycle import Action
 from conformance.targets.cluster.node import ClusterNode
+from conformance.contract.plugin import PluginUnderTest
+from conformance.contract.runcontext import RunContext
 from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
-from conformance.targets.cluster.run import ClusterLifecycle, open_cluster, quote
+from conformance.targets.cluster.run import cluster_options, ClusterLifecycle, open_cluster, quote
 
 CLUSTER_LABEL = "io.x-k8s.kind.cluster"  # kind labels each node container with its cluster
 
@@ -230,27 +232,30 @@ class KindLifecycle(ClusterLifecycle):
         )
 
 
-def build_plan(options: ClusterOptions, objects: list[Obj] | None = None) -> list[Step]:
+def build_plan(
+    options: ClusterOptions,
+    objects: list[Obj] | None = None,
+    plugin: PluginUnderTest | None = None,
+) -> list[Step]:
     """The kind plan; builds the lifecycle without running anything."""
-    return KindLifecycle(options, objects).steps()
+    return KindLifecycle(options, objects, plugin=plugin).steps()
 
 
-def plan_text(options: ClusterOptions) -> str:
+def plan_text(options: ClusterOptions, plugin: PluginUnderTest | None = None) -> str:
     """What `--dry-run` prints for kind."""
     title = f"hvconform plan: kind cluster {options.cluster_name}, image {options.image}"
-    return render_plan(build_plan(options), title)
+    return render_plan(build_plan(options, None, plugin), title)
 
 
 @contextlib.contextmanager
-def open_node(
-    *, out_dir: Path, worker: str, plugin: object, metadata: object | None = None
-) -> Iterator[ClusterNode]:
+def open_node(ctx: RunContext, *, worker: str, metadata: object | None = None) -> Iterator[ClusterNode]:
     """The registry's entry: a kind cluster made for this run, its node, always deleted."""
-    options = ClusterOptions.from_env().with_(target="kind").validate()
+    options = cluster_options(ctx, "kind")
+    out_dir = ctx.out
     extra = {"metadata": metadata} if metadata is not None else {}
     # kind from PATH, else the one `nox -s kind-image` built into its cache (kindbin)
     runner = CommandRunner(Path(options.workdir) / "commands.log", env=kind_env())
-    lifecycle = KindLifecycle(options, None, runner=runner, **extra)  # type: ignore[arg-type]
+    lifecycle = KindLifecycle(options, None, runner=runner, plugin=ctx.plugin, **extra)  # type: ignore[arg-type]
     lifecycle.report.environment.update(kind_facts(options.node_image))
     with open_cluster(lifecycle, out_dir=out_dir) as node:
         yield node

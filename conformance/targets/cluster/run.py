@@ -8,12 +8,17 @@ calls: it yields a ready ClusterNode and, however the run ends, leaves a verifie
 from __future__ import annotations
 
 import contextlib
-import importlib
 import shlex
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from conformance.contract.deploy import Pods
+from conformance.contract.errors import Unhonoured
+from conformance.contract.plugin import PluginUnderTest
+from conformance.contract.plugin import resolve as resolve_plugin
 from conformance.contract.results import NotApplicable
+from conformance.contract.runcontext import RunContext
+from conformance.manifests.profile import Rendered, render_deploy
 from conformance.targets.cluster.access import (
     EMPTY_SOCKETS,
     HOST_VIEW,
@@ -40,13 +45,28 @@ PREPARE = (
 RESTORE = f"rm -rf {STATE_DIR}"
 
 
-def render_objects(options: ClusterOptions) -> list[Obj]:
-    """The plugin's manifests from conformance.manifests (another module owns them)."""
-    manifests = importlib.import_module("conformance.manifests")
-    objects: list[Obj] = manifests.render_objects(
-        options.manifest_target, image=options.image, namespace=options.plugin_namespace
+def cluster_options(ctx: RunContext, target: str) -> ClusterOptions:
+    """The cluster options the CLI validated into the run context."""
+    if ctx.cluster is None:
+        raise RuntimeError(f"the run context has no cluster options for target {target}")
+    return ctx.cluster.with_(target=target).validate()
+
+
+def values_key(options: ClusterOptions) -> str:
+    """Which of a chart's per-target values files a run uses: the target, -mshv for MSHV."""
+    return options.target + ("-mshv" if options.hypervisor == "mshv" else "")
+
+
+def render_objects(options: ClusterOptions, plugin: PluginUnderTest) -> Rendered:
+    """The objects the plugin's profile deploys, for this run's target, namespace and image."""
+    if plugin.deploy is None:
+        raise Unhonoured(
+            f"deploy: the profile of {plugin.name!r} ({plugin.source}) has no deploy section; "
+            f"the {options.target} target runs a plugin from its image and its objects"
+        )
+    return render_deploy(
+        plugin.deploy, values_key(options), namespace=options.plugin_namespace, image=options.image
     )
-    return objects
 
 
 class ClusterLifecycle:
@@ -63,14 +83,24 @@ class ClusterLifecycle:
         runner: CommandRunner | None = None,
         api_factory: ApiFactory | None = None,
         report: RunReport | None = None,
+        plugin: PluginUnderTest | None = None,
     ) -> None:
         self.options = options
+        self.plugin = plugin or resolve_plugin()
+        self.pods: Pods | None = None if self.plugin.deploy is None else self.plugin.deploy.pods
+        self.deploy_notes: list[str] = []
         self.workdir = Path(options.workdir)
         self.kubeconfig = str(self.workdir / f"kubeconfig-{self.name}-{options.short_id}")
         self.runner = runner or CommandRunner(self.workdir / "commands.log")
         self.api_factory = api_factory or KubeApi
         self.report = report or RunReport(self.name, options.contract)
-        rendered = list(objects if objects is not None else render_objects(options))
+        if objects is None:
+            made = render_objects(options, self.plugin)
+            objects, self.deploy_notes = made.objects, made.notes
+        else:
+            self.pods = None  # objects given by the caller: found as before (tests, recordings)
+        self.rendered: list[Obj] = list(objects)
+        rendered = list(objects)
         if not any(
             o["kind"] == "Namespace" and o["metadata"]["name"] == options.plugin_namespace
             for o in rendered
@@ -79,7 +109,7 @@ class ClusterLifecycle:
         extra_ns = [namespace(options.work_namespace, restricted=True), *self.extra_namespaces()]
         prepared, self.layout = self.prepare(rendered)
         self.objects: list[Obj] = [*prepared[:1], *extra_ns, *prepared[1:]]
-        self.plugin_ds = plugin_daemonset(self.objects)
+        self.plugin_ds = plugin_daemonset(self.objects, self.pods)
         self._api: KubeApi | None = None
         self.deployer = Deployer(self.api, options, self.objects)
         self.node: ClusterNode | None = None
@@ -88,7 +118,7 @@ class ClusterLifecycle:
     # -- hooks for the subclasses ---------------------------------------------------------
 
     def prepare(self, rendered: list[Obj]) -> tuple[list[Obj], Layout]:
-        return prepare(rendered)
+        return prepare(rendered, pods=self.pods)
 
     def extra_namespaces(self) -> list[Obj]:
         return []
@@ -205,7 +235,7 @@ class ClusterLifecycle:
         self.node.setup()
         self.report.environment.update(self.node.environment())
         self.report.environment.update(cluster_facts(self.api()))  # server + every Node
-        self.report.notes += self.layout.notes
+        self.report.notes += [*self.deploy_notes, *self.layout.notes]
         self.report.environment["capabilities"] = sorted(self.node.capabilities)
 
     def close_node(self) -> None:

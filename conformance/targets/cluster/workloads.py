@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
+from conformance.contract.deploy import Pods
 from conformance.targets.cluster.access import EMPTY_SOCKETS, HOST_VIEW
 from conformance.targets.cluster.kube import Obj
 from plugin.api.names import DEVICE_ACCESS_RESOURCE, HYPERVISOR_RESOURCE
@@ -56,11 +57,24 @@ def _uses_access(container: Obj) -> bool:
     return any(ACCESS_RESOURCE in (res.get(k) or {}) for k in ("limits", "requests"))
 
 
-def plugin_daemonset(objects: list[Obj]) -> Obj:
-    """The hypervisor plugin's DaemonSet: the one that consumes the bootstrap access resource."""
+def _matches(ds: Obj, pods: Pods) -> bool:
+    labels = ds["spec"]["template"].get("metadata", {}).get("labels", {}) or {}
+    names = [c.get("name") for c in _pod_spec(ds).get("containers", [])]
+    return all(labels.get(k) == v for k, v in pods.labels.items()) and pods.container in names
+
+
+def plugin_daemonset(objects: list[Obj], pods: Pods | None = None) -> Obj:
+    """The plugin's DaemonSet: the one whose pods the profile's `deploy.pods` describes (without
+    one: the one that consumes the bootstrap access resource)."""
     sets = [o for o in objects if o.get("kind") == "DaemonSet"]
     if not sets:
         raise ValueError("the rendered manifests contain no DaemonSet")
+    if pods is not None:
+        found = [ds for ds in sets if _matches(ds, pods)]
+        if not found:
+            raise ValueError(f"no DaemonSet has pods labelled {dict(pods.labels)} with a "
+                             f"container {pods.container!r} (the profile's deploy.pods)")  # fmt: skip
+        return found[0]
     for ds in sets:
         if any(_uses_access(c) for c in _pod_spec(ds).get("containers", [])):
             return ds
@@ -68,8 +82,10 @@ def plugin_daemonset(objects: list[Obj]) -> Obj:
     return (plain or sets)[0]
 
 
-def _plugin_container(ds: Obj) -> Obj:
+def _plugin_container(ds: Obj, pods: Pods | None = None) -> Obj:
     containers: list[Obj] = _pod_spec(ds)["containers"]
+    if pods is not None:
+        return next(c for c in containers if c.get("name") == pods.container)
     return next((c for c in containers if _uses_access(c)), containers[0])
 
 
@@ -99,14 +115,15 @@ def prepare(
     pin_labels: dict[str, str] | None = None,
     taint: bool = False,
     isolate_host_view: bool = True,
+    pods: Pods | None = None,
 ) -> tuple[list[Obj], Layout]:
     """Copy the rendered objects with the harness wiring applied; report what was found.
 
     `isolate_host_view=False` (the existing-cluster target: manifests applied unchanged) keeps
     the plugin's view of the node's real /dev, so no identity fault is ever made there."""
     out = copy.deepcopy(objects)
-    ds = plugin_daemonset(out)
-    container = _plugin_container(ds)
+    ds = plugin_daemonset(out, pods)
+    container = _plugin_container(ds, pods)
     layout = Layout(
         daemonset=ds["metadata"]["name"],
         namespace=ds["metadata"].get("namespace", ""),

@@ -28,7 +28,7 @@ from typing import Any
 
 from conformance.contract.base import set_up
 from conformance.contract.node import Allocation, GuestOutcome
-from conformance.contract.plugin import flag_convention_command
+from conformance.contract.runcontext import RunContext
 from conformance.contract.plugin import resolve as resolve_plugin
 from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.target_report import TargetReport
@@ -308,9 +308,8 @@ class ContainerNode(LocalNode):
 
 @contextlib.contextmanager
 def open_node(
-    *, out_dir: Path, worker: str, plugin: Any, metadata: object | None = None
+    ctx: RunContext, *, worker: str, metadata: object | None = None
 ) -> Iterator[ContainerNode]:
-    """The registry's entry for the local target's container runtime."""
-    command = shlex.join(flag_convention_command(plugin))
-    with set_up(ContainerNode(out_dir=out_dir, worker=worker, plugin_cmd=command)) as node:
+    """The registry's entry: the plugin under test as its profile describes it."""
+    with set_up(ContainerNode(out_dir=ctx.out, worker=worker, plugin=ctx.plugin)) as node:
         yield node

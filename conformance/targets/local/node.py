@@ -40,6 +40,7 @@ from conformance.contract.node import (
 )
 from conformance.contract.plugin import PluginUnderTest, Probe
 from conformance.contract.results import EnvironmentBlocked
+from conformance.contract.runcontext import RunContext
 from conformance.contract.wait import wait_for
 from conformance.kubelet import ThreadedKubeletEmulator
 from conformance.targets.local.baseline import BaselineRestore, discover_spec
@@ -332,8 +333,8 @@ def _net_index(worker: str) -> int:
 
 @contextlib.contextmanager
 def open_node(
-    *, out_dir: Path, worker: str, plugin: PluginUnderTest, metadata: object | None = None
+    ctx: RunContext, *, worker: str, metadata: object | None = None
 ) -> Iterator[LocalNode]:
     """The registry's entry: a local node for one worker, always torn down."""
-    with set_up(LocalNode(out_dir=out_dir, worker=worker, plugin=plugin)) as node:
+    with set_up(LocalNode(out_dir=ctx.out, worker=worker, plugin=ctx.plugin)) as node:
         yield node

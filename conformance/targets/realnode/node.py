@@ -40,7 +40,7 @@ from conformance.contract.node import (
     Area,
     GuestOutcome,
 )
-from conformance.contract.plugin import flag_convention_command
+from conformance.contract.runcontext import RunContext
 from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.wait import wait_for
 from conformance.targets.local.hostfiles import device_metadata, mount, umount
@@ -347,9 +347,8 @@ class RealNode(FreshStatus):
 
 @contextlib.contextmanager
 def open_node(
-    *, out_dir: Path, worker: str, plugin: Any, metadata: object | None = None
+    ctx: RunContext, *, worker: str, metadata: object | None = None
 ) -> Iterator[RealNode]:
-    """The registry's entry: the plugin on the real kubelet of `nox -s node-up`."""
-    command = shlex.join(flag_convention_command(plugin))
-    with set_up(RealNode(out_dir=out_dir, worker=worker, plugin_cmd=command)) as node:
+    """The registry's entry: the plugin under test as its profile describes it."""
+    with set_up(RealNode(out_dir=ctx.out, worker=worker, plugin=ctx.plugin)) as node:
         yield node

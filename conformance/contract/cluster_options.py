@@ -1,0 +1,135 @@
+"""The options of a run on a cluster target (kind, AKS, an existing cluster), defined once.
+
+They live in the contract because the run context carries them from the CLI to the cluster
+family typed; the cluster family (targets/cluster) is their only reader besides the CLI. The
+names of the cluster targets are checked against the target registry by a test.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+CLUSTER_TARGETS = ("cluster", "kind", "aks")
+HYPERVISORS = ("kvm", "mshv")
+NODE_ACCESS = ("pod", "direct")
+NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# A node image kind can pull from a registry; `nox -s kind-image` builds an offline one.
+KIND_PUBLIC_NODE_IMAGE = "kindest/node:v1.31.0"
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """Everything a cluster run needs, defined once; `from_env` is how pytest receives them."""
+
+    target: str = "kind"
+    image: str = "hv-device-plugin:0.1.0"
+    guest_image: str = ""  # workload pods; default: the plugin image (it ships the guest)
+    namespace: str = ""  # plugin namespace; default per target (see `plugin_namespace`)
+    hypervisor: str = "kvm"
+    run_id: str = "run"
+    workdir: str = "/tmp/hvconform-cluster"  # kubeconfigs and the cluster report live here
+    contract: bool = False  # True only under recorded stand-ins: never a live result
+    # kind
+    cluster_name: str = "hvconform"
+    keep_cluster: bool = False
+    existing_cluster: bool = False  # a cluster made by the caller (CI): used, never deleted
+    kind_config: str = str(REPO_ROOT / "kind" / "cluster.yaml")
+    node_image: str = KIND_PUBLIC_NODE_IMAGE
+    # cluster (an existing cluster: never created nor deleted, only what the run puts there)
+    kubeconfig: str = ""
+    context: str = ""
+    nodes: tuple[str, ...] = ()  # the nodes to certify; empty with all_nodes: every KVM node
+    all_nodes: bool = False
+    node_access: str = "pod"  # "pod": diagnostic pod + nsenter (as on AKS); "direct": here
+    manifests: str = ""  # which chart values the plugin is rendered with (default per target)
+    # aks
+    resource_group: str = ""
+    cluster: str = ""
+    vm_size: str = "Standard_D4ads_v5"
+    diag_image: str = "docker.io/library/busybox:1.36"
+    # deadlines (seconds) and polling
+    rollout_timeout: float = 300.0
+    pod_timeout: float = 180.0
+    delete_timeout: float = 300.0
+    poll_interval: float = 1.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def plugin_namespace(self) -> str:
+        # On AKS the namespace is per run: deleting it can never remove someone else's install.
+        if self.namespace:
+            return self.namespace
+        return "hyperlight-system" if self.target == "kind" else f"hvconform-{self.short_id}"
+
+    @property
+    def work_namespace(self) -> str:
+        return f"hvconform-work-{self.short_id}"
+
+    @property
+    def short_id(self) -> str:
+        return (re.sub(r"[^a-z0-9]", "", self.run_id.lower()) or "run")[-8:]
+
+    @property
+    def manifest_target(self) -> str:
+        """The name conformance.manifests renders for: kind, aks or aks-mshv."""
+        if self.manifests:
+            return self.manifests
+        if self.target == "cluster":
+            return "kind" if self.hypervisor == "kvm" else "aks-mshv"
+        if self.target == "aks" and self.hypervisor == "mshv":
+            return "aks-mshv"
+        return self.target
+
+    @property
+    def device(self) -> str:
+        return f"/dev/{self.hypervisor}"
+
+    def validate(self) -> ClusterOptions:
+        """Refuse what would make a run unsafe or ambiguous; return self for chaining."""
+        if self.target not in CLUSTER_TARGETS:
+            raise ValueError(f"unknown cluster target {self.target!r}: {', '.join(CLUSTER_TARGETS)}")
+        if self.hypervisor not in HYPERVISORS:
+            raise ValueError(f"--hypervisor must be kvm or mshv, got {self.hypervisor!r}")
+        if self.target == "kind" and self.hypervisor != "kvm":
+            raise ValueError("kind nodes get the host's /dev/kvm only: --hypervisor kvm")
+        name, _, tag = self.image.rpartition(":")
+        if not name or "/" in tag or tag in ("", "latest"):
+            # kind load and IfNotPresent need a fixed tag; :latest would be pulled, not loaded.
+            raise ValueError(f"--image needs an explicit tag other than latest: {self.image!r}")
+        if self.target == "aks" and not (self.resource_group and self.cluster):
+            raise ValueError("the aks target needs --resource-group and --cluster (no defaults)")
+        if self.node_access not in NODE_ACCESS:
+            raise ValueError(f"--node-access must be pod or direct, got {self.node_access!r}")
+        if self.target == "cluster":
+            self._validate_existing()
+        return self
+
+    def _validate_existing(self) -> None:
+        if not self.kubeconfig:
+            raise ValueError(
+                "the cluster target needs --kubeconfig FILE (it never makes a cluster)"
+            )
+        if not Path(self.kubeconfig).is_file():
+            raise ValueError(f"--kubeconfig {self.kubeconfig!r} is not a readable file")
+        if bool(self.nodes) == self.all_nodes:
+            raise ValueError("the cluster target needs --node NAME (repeatable) or --all-nodes")
+        bad = [n for n in self.nodes if not NODE_NAME.fullmatch(n)]
+        if bad:
+            raise ValueError(f"--node {bad[0]!r} is not a Kubernetes node name")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ClusterOptions:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if "nodes" in known:
+            known["nodes"] = tuple(known["nodes"])
+        return cls(**known)
+
+    def with_(self, **changes: Any) -> ClusterOptions:
+        return replace(self, **changes)

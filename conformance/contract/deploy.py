@@ -1,0 +1,215 @@
+"""How a plugin that runs in a container is deployed: the `deploy` section of a plugin profile.
+
+A profile that can run where plugins really run (a container runtime, a node's containerd, a
+cluster) says which image is the plugin, which Kubernetes objects deploy it (a Helm chart with
+values per target, or manifest files), and how the suite finds its pods: the namespace, the pod
+labels and the plugin's container. The suite applies those objects as given apart from the
+documented overrides (README "Testing your own plugin"): the image of the plugin container (the
+profile's `image`, or `--image`), the namespace the chart is rendered into, node selection and
+the conformance pool's toleration. Everything here is validated before anything runs; paths are
+resolved against the profile's directory, and a file is only named here, read by the renderer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from conformance.contract.errors import ProfileError
+
+# distribution/reference's grammar without IPv6 registry hosts: a tag or a digest is required.
+_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_RE = re.compile(
+    rf"^(?P<name>(?:{_DOMAIN}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+    r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
+)
+_DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+_LABEL_KEY = re.compile(r"^(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+# Keys a chart's `values` map may use: a target name, or "*" for every target without its own.
+VALUES_KEYS = ("*", "kind", "aks", "aks-mshv", "cluster", "cluster-mshv", "node")
+_DEPLOY_KEYS = {"image", "chart", "manifests", "pods"}
+_CHART_KEYS = {"path", "values", "set"}
+_POD_KEYS = {"namespace", "labels", "container"}
+MAX_FILES = 32
+
+
+@dataclass(frozen=True)
+class Pods:
+    """How the suite finds the plugin's pods and its container in them."""
+
+    labels: Mapping[str, str]
+    container: str
+    namespace: str = ""  # empty: the namespace the target renders the objects into
+
+
+@dataclass(frozen=True)
+class Chart:
+    path: str  # the chart directory, absolute
+    values: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # target -> files
+    set: Mapping[str, Any] = field(default_factory=dict)  # values on top, every target
+
+    def values_for(self, target: str) -> tuple[str, ...]:
+        return self.values.get(target, self.values.get("*", ()))
+
+
+@dataclass(frozen=True)
+class Deploy:
+    image: str
+    pods: Pods
+    chart: Chart | None = None
+    manifests: tuple[str, ...] = ()  # absolute paths of multi-document YAML files
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "image": self.image,
+            "chart": None
+            if self.chart is None
+            else {
+                "path": self.chart.path,
+                "values": {k: list(v) for k, v in self.chart.values.items()},
+                "set": dict(self.chart.set),
+            },
+            "manifests": list(self.manifests),
+            "pods": {
+                "namespace": self.pods.namespace,
+                "labels": dict(self.pods.labels),
+                "container": self.pods.container,
+            },
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Deploy:
+        chart = data.get("chart")
+        pods = data["pods"]
+        return cls(
+            image=data["image"],
+            chart=None
+            if chart is None
+            else Chart(
+                path=chart["path"],
+                values={k: tuple(v) for k, v in chart["values"].items()},
+                set=dict(chart["set"]),
+            ),
+            manifests=tuple(data["manifests"]),
+            pods=Pods(
+                labels=dict(pods["labels"]),
+                container=pods["container"],
+                namespace=pods["namespace"],
+            ),
+        )
+
+
+def image_problem(image: str) -> str | None:
+    """Why `image` cannot be deployed reproducibly, or None (a tag other than latest, or a
+    digest: kind never re-pulls a mutable tag, and a node would pull another image)."""
+    match = IMAGE_RE.fullmatch(image)
+    if match is None:
+        return f"{image!r:.120} is not an image reference (name:tag or name@sha256:...)"
+    tag, digest = match.group("tag"), match.group("digest")
+    if digest is None and (tag is None or tag.lower() == "latest"):
+        return f"{image!r:.120} is not pinned: give a version tag (not latest) or a digest"
+    return None
+
+
+def _file(value: Any, where: str, base: Path, *, directory: bool = False) -> str:
+    if not isinstance(value, str) or not value or "\x00" in value or "\n" in value:
+        raise ProfileError(f"{where}: want a path (relative to the profile), got {value!r:.60}")
+    path = (base / value).resolve() if not PurePosixPath(value).is_absolute() else Path(value)
+    ok = path.is_dir() if directory else path.is_file()
+    if not ok:
+        kind = "directory" if directory else "regular file"
+        raise ProfileError(f"{where}: {str(path)!r:.120} is not a {kind}")
+    return str(path)
+
+
+def _labels(value: Any, where: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not value:
+        raise ProfileError(f"{where}: want a non-empty mapping of pod labels")
+    for k, v in value.items():
+        if not isinstance(k, str) or not _LABEL_KEY.fullmatch(k):
+            raise ProfileError(f"{where}: {k!r:.60} is not a label key")
+        if not isinstance(v, str) or not _LABEL_VALUE.fullmatch(v):
+            raise ProfileError(f"{where}.{k}: {v!r:.60} is not a label value")
+    return dict(value)
+
+
+def _pods(value: Any, where: str) -> Pods:
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: want a mapping with labels and container")
+    unknown = set(value) - _POD_KEYS
+    if unknown:
+        raise ProfileError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))[:120]}")
+    container = value.get("container")
+    if not isinstance(container, str) or not _DNS_LABEL.fullmatch(container):
+        raise ProfileError(f"{where}.container: want a container name, got {container!r:.60}")
+    ns = value.get("namespace", "")
+    if not isinstance(ns, str) or (ns and not _DNS_LABEL.fullmatch(ns)):
+        raise ProfileError(f"{where}.namespace: want a namespace name, got {ns!r:.60}")
+    return Pods(_labels(value.get("labels"), f"{where}.labels"), container, ns)
+
+
+def _chart(value: Any, where: str, base: Path) -> Chart:
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: want a mapping with path, values and set")
+    unknown = set(value) - _CHART_KEYS
+    if unknown:
+        raise ProfileError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))[:120]}")
+    path = _file(value.get("path"), f"{where}.path", base, directory=True)
+    if not (Path(path) / "Chart.yaml").is_file():
+        raise ProfileError(f"{where}.path: {path!r:.120} has no Chart.yaml")
+    raw = value.get("values") or {}
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where}.values: want a mapping of target name to values files")
+    values: dict[str, tuple[str, ...]] = {}
+    for key, files in raw.items():
+        if key not in VALUES_KEYS:
+            raise ProfileError(
+                f"{where}.values: key {key!r:.40} is not one of {', '.join(VALUES_KEYS)}"
+            )
+        if not isinstance(files, list) or len(files) > MAX_FILES:
+            raise ProfileError(f"{where}.values.{key}: want a list of at most {MAX_FILES} files")
+        values[key] = tuple(
+            _file(f, f"{where}.values.{key}[{i}]", Path(path)) for i, f in enumerate(files)
+        )
+    fixed = value.get("set") or {}
+    if not isinstance(fixed, dict):
+        raise ProfileError(f"{where}.set: want a mapping of chart values")
+    return Chart(path, values, fixed)
+
+
+def parse_deploy(value: Any, where: str, base: Path) -> Deploy | None:
+    """The `deploy` section (None when absent); ProfileError, one line, for anything unusable."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: want a mapping with image, chart or manifests, and pods")
+    unknown = set(value) - _DEPLOY_KEYS
+    if unknown:
+        raise ProfileError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))[:120]}")
+    image = value.get("image")
+    if not isinstance(image, str):
+        raise ProfileError(f"{where}.image: want an image reference, got {image!r:.60}")
+    problem = image_problem(image)
+    if problem:
+        raise ProfileError(f"{where}.image: {problem}")
+    has_chart, has_files = value.get("chart") is not None, value.get("manifests") is not None
+    if has_chart == has_files:
+        raise ProfileError(f"{where}: give exactly one of chart and manifests")
+    files: tuple[str, ...] = ()
+    if has_files:
+        raw = value["manifests"]
+        if not isinstance(raw, list) or not raw or len(raw) > MAX_FILES:
+            raise ProfileError(f"{where}.manifests: want a list of 1..{MAX_FILES} files")
+        files = tuple(_file(f, f"{where}.manifests[{i}]", base) for i, f in enumerate(raw))
+    return Deploy(
+        image=image,
+        chart=_chart(value["chart"], f"{where}.chart", base) if has_chart else None,
+        manifests=files,
+        pods=_pods(value.get("pods"), f"{where}.pods"),
+    )

@@ -1,0 +1,114 @@
+"""The run context: every input of one run, validated once by the CLI and read typed by all.
+
+`hvconform run` validates its options and the plugin profile, then writes this context as
+`run-context.json` into the run's directory and hands pytest its path (`--context`). pytest, every
+target family and the bench read the run's inputs only from here: nothing is taken from
+environment variables, and the profile is never parsed again (the context holds the parsed
+plugin under test, with its deploy section). A multi-node cluster run writes one context per
+node, each with its own node, out dir and run id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from conformance.contract.cluster_options import ClusterOptions
+from conformance.contract.plugin import PluginUnderTest
+
+FILE_NAME = "run-context.json"
+# How a pytest worker finds the context its controller was given (xdist starts workers with the
+# controller's environment; the path, not the inputs, travels there).
+ENV_CONTEXT = "HV_RUN_CONTEXT"
+SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class RunContext:
+    run_id: str
+    out_dir: str
+    target: str
+    runtime: str
+    plugin: PluginUnderTest
+    recovery_timeout_s: float = 60.0
+    markexpr: str = ""
+    workers: str = "0"
+    cluster: ClusterOptions | None = None  # cluster targets only
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def out(self) -> Path:
+        return Path(self.out_dir)
+
+    def with_(self, **changes: Any) -> RunContext:
+        return replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "run_id": self.run_id,
+            "out_dir": self.out_dir,
+            "target": self.target,
+            "runtime": self.runtime,
+            "plugin": self.plugin.to_json(),
+            "recovery_timeout_s": self.recovery_timeout_s,
+            "markexpr": self.markexpr,
+            "workers": self.workers,
+            "cluster": None if self.cluster is None else self.cluster.to_json(),
+            "extra": dict(self.extra),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunContext:
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"run context schema {data.get('schema')!r}, want {SCHEMA}")
+        cluster = data.get("cluster")
+        return cls(
+            run_id=data["run_id"],
+            out_dir=data["out_dir"],
+            target=data["target"],
+            runtime=data["runtime"],
+            plugin=PluginUnderTest.from_json(data["plugin"]),
+            recovery_timeout_s=float(data["recovery_timeout_s"]),
+            markexpr=data["markexpr"],
+            workers=data["workers"],
+            cluster=None if cluster is None else ClusterOptions.from_json(cluster),
+            extra=dict(data.get("extra", {})),
+        )
+
+    def write(self, path: Path | None = None) -> Path:
+        """Write the context (atomically) into the run dir, or `path`; returns where."""
+        dest = path or self.out / FILE_NAME
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(self.to_json(), fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        tmp.replace(dest)
+        return dest
+
+
+def read(path: Path | str) -> RunContext:
+    return RunContext.from_json(json.loads(Path(path).read_text()))
+
+
+_CURRENT: list[RunContext] = []
+
+
+def current() -> RunContext:
+    """The context of the run this process belongs to (a pytest controller or worker)."""
+    if not _CURRENT:
+        path = os.environ.get(ENV_CONTEXT, "")
+        if not path:
+            raise RuntimeError(f"no run context: hvconform run writes one ({ENV_CONTEXT} unset)")
+        _CURRENT.append(read(path))
+    return _CURRENT[0]
+
+
+def install(ctx: RunContext, path: Path) -> None:
+    """Make `ctx` this process's context and let its children (xdist workers) find it."""
+    _CURRENT[:] = [ctx]
+    os.environ[ENV_CONTEXT] = str(path)

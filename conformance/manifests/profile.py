@@ -1,0 +1,152 @@
+"""The Kubernetes objects a plugin profile deploys, rendered for one target and one namespace.
+
+A profile's `deploy` section names a Helm chart (values files per target, fixed values on top)
+or manifest files. They are rendered as given; the suite then makes only the overrides README
+documents, each recorded as a note so the plan says what changed:
+- the namespace: namespaced objects go into the run's plugin namespace (on AKS and existing
+  clusters a namespace of the run's own, so cleanup can never delete someone else's install);
+- the image: every container that ran the plugin container's rendered image runs the image the
+  run deploys (the profile's `image`, or `--image`), so what the report names is what runs.
+Node selection and the pool toleration are the cluster targets' own wiring (workloads.prepare).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from conformance.contract.deploy import Deploy
+from conformance.manifests.chart import ChartError, template
+from conformance.manifests.render import ManifestError
+
+Obj = dict[str, Any]
+MAX_MANIFEST_BYTES = 1024 * 1024
+MAX_OBJECTS = 256
+# Kinds that have no namespace (the ones a device plugin's objects can reasonably hold).
+CLUSTER_SCOPED = frozenset(
+    {
+        "Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "RuntimeClass",
+        "CustomResourceDefinition", "DeviceClass", "StorageClass", "PodSecurityPolicy",
+        "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration",
+    }
+)  # fmt: skip
+
+
+@dataclass
+class Rendered:
+    objects: list[Obj]
+    image: str  # what the plugin container runs after the override
+    rendered_image: str  # what the profile's objects said before it
+    notes: list[str] = field(default_factory=list)
+
+
+def _read_manifest(path: str) -> str:
+    """A regular file of at most MAX_MANIFEST_BYTES (no FIFO, no device, no unbounded read)."""
+    import os
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ManifestError(f"manifest {path}: cannot open: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise ManifestError(f"manifest {path}: not a regular file")
+        data = fh.read(MAX_MANIFEST_BYTES + 1)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"manifest {path}: larger than {MAX_MANIFEST_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ManifestError(f"manifest {path}: not UTF-8 text") from None
+
+
+def parse_objects(text: str, where: str) -> list[Obj]:
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except (yaml.YAMLError, RecursionError) as exc:
+        first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise ManifestError(f"{where}: not YAML: {first}") from None
+    objects = [d for d in docs if d is not None]
+    if len(objects) > MAX_OBJECTS:
+        raise ManifestError(f"{where}: more than {MAX_OBJECTS} objects")
+    for obj in objects:
+        if not (
+            isinstance(obj, dict)
+            and isinstance(obj.get("kind"), str)
+            and isinstance(obj.get("apiVersion"), str)
+            and isinstance(obj.get("metadata"), dict)
+            and isinstance(obj["metadata"].get("name"), str)
+        ):
+            raise ManifestError(f"{where}: every document must be an object with apiVersion, "
+                                "kind and metadata.name")  # fmt: skip
+    return objects
+
+
+def _pod_spec(obj: Obj) -> Obj | None:
+    spec = obj.get("spec", {}).get("template", {}).get("spec")
+    return spec if isinstance(spec, dict) else None
+
+
+def plugin_workload(objects: list[Obj], deploy: Deploy) -> tuple[Obj, Obj]:
+    """The DaemonSet whose pods carry the profile's labels, and its plugin container."""
+    want = dict(deploy.pods.labels)
+    for obj in objects:
+        spec = _pod_spec(obj)
+        if obj["kind"] != "DaemonSet" or spec is None:
+            continue
+        labels = obj["spec"]["template"].get("metadata", {}).get("labels", {}) or {}
+        if all(labels.get(k) == v for k, v in want.items()):
+            for container in spec.get("containers", []):
+                if container.get("name") == deploy.pods.container:
+                    return obj, container
+    raise ManifestError(
+        f"no DaemonSet in the profile's objects has pods labelled {want} with a container "
+        f"named {deploy.pods.container!r} (deploy.pods)"
+    )
+
+
+def render_deploy(deploy: Deploy, target: str, *, namespace: str, image: str = "") -> Rendered:
+    """The profile's objects for `target` in `namespace`, with the plugin image overridden."""
+    if deploy.chart is not None:
+        chart = deploy.chart
+        try:
+            text = template(
+                namespace,
+                [Path(f) for f in chart.values_for(target)],
+                dict(chart.set),
+                chart=Path(chart.path),
+            )
+        except ChartError as exc:
+            raise ManifestError(f"chart {chart.path}: {exc}") from None
+        objects = parse_objects(text, f"helm template {chart.path}")
+    else:
+        objects = []
+        for path in deploy.manifests:
+            objects += parse_objects(_read_manifest(path), path)
+    objects = copy.deepcopy(objects)
+    notes: list[str] = []
+    moved = 0
+    for obj in objects:
+        if obj["kind"] not in CLUSTER_SCOPED and obj["metadata"].get("namespace") != namespace:
+            obj["metadata"]["namespace"] = namespace
+            moved += 1
+    if moved:
+        notes.append(f"override: {moved} namespaced object(s) applied in namespace {namespace}")
+    _, container = plugin_workload(objects, deploy)
+    before = str(container.get("image", ""))
+    wanted = image or deploy.image
+    if before != wanted:
+        replaced = 0
+        for obj in objects:
+            spec = _pod_spec(obj)
+            for c in [] if spec is None else [*spec.get("initContainers", []), *spec.get("containers", [])]:
+                if c.get("image") == before:
+                    c["image"] = wanted
+                    replaced += 1
+        notes.append(f"override: image {before or '(none)'} -> {wanted} in {replaced} container(s)")
+    return Rendered(objects, wanted, before, notes)

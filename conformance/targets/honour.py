@@ -1,0 +1,40 @@
+"""What each target can honour of a plugin under test, asked before anything runs.
+
+A target never substitutes another plugin: when it cannot run what the profile describes, the
+run is refused (exit 2) with one line naming the profile's field and the target. The rules are
+per target family and written once, here, from what each family does with a profile:
+- the local target's process runtime and the node target run the profile's `command` as a
+  process, with the node's directories bound where the profile's `paths` say;
+- the local target's container runtime runs `deploy.image` as its objects' plugin container
+  says (command, args, env, mounts);
+- kind, AKS and an existing cluster apply `deploy`'s objects.
+"""
+
+from __future__ import annotations
+
+from conformance.contract.plugin import PluginUnderTest
+
+CLUSTERS = ("kind", "aks", "cluster")
+
+
+def _where(target: str, runtime: str) -> str:
+    return f"--target {target}" + (f" --runtime {runtime}" if runtime != "process" else "")
+
+
+def refusal(plugin: PluginUnderTest, target: str, runtime: str, *, image: str = "") -> str:
+    """Why `target` cannot run `plugin` as described (one line), or "" when it can."""
+    where = _where(target, runtime)
+    who = f"plugin {plugin.name!r} ({plugin.source})"
+    from_image = target in CLUSTERS or runtime == "container"
+    if from_image and plugin.deploy is None:
+        return (
+            f"deploy: {who} has no deploy section (image, chart or manifests, pods); {where} "
+            "runs a plugin from its image and objects (README: Testing your own plugin)"
+        )
+    if image and not from_image:
+        return f"--image: {where} runs the profile's command as a process, not an image"
+    if target == "kind" and "/dev/mshv" in plugin.paths.devices:
+        return f"paths.devices: {where} gives its node the host's /dev/kvm only, not /dev/mshv"
+    if target == "aks" and len(plugin.paths.devices) > 1:
+        return f"paths.devices: {where} tests one hypervisor per run; list /dev/kvm or /dev/mshv"
+    return ""
