@@ -23,6 +23,7 @@ from conformance.scenarios import CATALOGUE, CLEANUP
 from conformance.targets import RUNTIMES, TARGETS, plan_text
 from conformance.targets.cluster.kindbin import kind_facts
 from conformance.targets.honour import refusal
+from plugin.api.names import default_guest_image
 
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
 EXIT_NO_CHECKS = inputs.EXIT_NO_CHECKS
@@ -72,8 +73,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--guest-image",
-        default=os.environ.get("HV_GUEST_IMAGE", ""),
-        help="kind/aks: workload image with python -m conformance.guest [HV_GUEST_IMAGE]",
+        default=os.environ.get("HV_GUEST_IMAGE") or default_guest_image(),
+        help="kind/aks/cluster: the suite's workload image (python -m conformance.guest; "
+        "`nox -s image` builds it), never the plugin's [HV_GUEST_IMAGE]",
     )
     run.add_argument("--cluster-name", default="hvconform", help="kind: cluster name")
     run.add_argument(

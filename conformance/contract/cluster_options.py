@@ -91,7 +91,9 @@ class ClusterOptions:
     def validate(self) -> ClusterOptions:
         """Refuse what would make a run unsafe or ambiguous; return self for chaining."""
         if self.target not in CLUSTER_TARGETS:
-            raise ValueError(f"unknown cluster target {self.target!r}: {', '.join(CLUSTER_TARGETS)}")
+            raise ValueError(
+                f"unknown cluster target {self.target!r}: {', '.join(CLUSTER_TARGETS)}"
+            )
         if self.hypervisor not in HYPERVISORS:
             raise ValueError(f"--hypervisor must be kvm or mshv, got {self.hypervisor!r}")
         if self.target == "kind" and self.hypervisor != "kvm":

@@ -21,7 +21,9 @@ from typing import Any
 from conformance.contract.errors import ProfileError
 
 # distribution/reference's grammar without IPv6 registry hosts: a tag or a digest is required.
-_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+_DOMAIN = (
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+)
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 IMAGE_RE = re.compile(
     rf"^(?P<name>(?:{_DOMAIN}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*)"
@@ -29,7 +31,9 @@ IMAGE_RE = re.compile(
     r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
 )
 _DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
-_LABEL_KEY = re.compile(r"^(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_KEY = re.compile(
+    r"^(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
 _LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 # Keys a chart's `values` map may use: a target name, or "*" for every target without its own.
 VALUES_KEYS = ("*", "kind", "aks", "aks-mshv", "cluster", "cluster-mshv", "node")

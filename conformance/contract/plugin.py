@@ -32,7 +32,17 @@ SHIPPED = Path(__file__).resolve().parent.parent / "profiles" / "hv-device-plugi
 # Placeholders a command, an env value or a probe may use; each is filled by the target.
 PLACEHOLDERS = ("python", "profile_dir", "health_addr", "health_host", "health_port")
 _MAX_PROFILE_BYTES = 64 * 1024
-_TOP_KEYS = {"name", "command", "env", "paths", "readiness", "liveness", "resource", "cdi", "deploy"}
+_TOP_KEYS = {
+    "name",
+    "command",
+    "env",
+    "paths",
+    "readiness",
+    "liveness",
+    "resource",
+    "cdi",
+    "deploy",
+}
 _PATH_KEYS = {"devicePluginDir", "cdiDir", "devices", "hostDevDir"}
 
 

@@ -144,7 +144,11 @@ def render_deploy(deploy: Deploy, target: str, *, namespace: str, image: str = "
         replaced = 0
         for obj in objects:
             spec = _pod_spec(obj)
-            for c in [] if spec is None else [*spec.get("initContainers", []), *spec.get("containers", [])]:
+            for c in (
+                []
+                if spec is None
+                else [*spec.get("initContainers", []), *spec.get("containers", [])]
+            ):
                 if c.get("image") == before:
                     c["image"] = wanted
                     replaced += 1

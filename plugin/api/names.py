@@ -47,3 +47,8 @@ def installed_version() -> str:
 def default_plugin_image() -> str:
     """`hv-device-plugin:<installed version>`: a pinned tag, never latest."""
     return f"{PLUGIN_IMAGE_REPOSITORY}:{installed_version()}"
+
+
+def default_guest_image() -> str:
+    """`hv-guest:<installed version>`: the suite's workload image, whatever plugin is tested."""
+    return f"{GUEST_IMAGE_REPOSITORY}:{installed_version()}"

@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 
+from conformance.contract import runcontext
+from conformance.contract.plugin import resolve as resolve_plugin
+from conformance.contract.runcontext import RunContext
 from conformance.targets import build_plan
 from conformance.targets.cluster.plan import ClusterOptions, render_plan
 from tests.targets.conftest import RUN_ID, recorded_objects
@@ -83,9 +86,11 @@ def test_unsafe_options_are_refused(change: dict[str, Any], message: str) -> Non
         options.validate()
 
 
-def test_options_travel_through_the_environment() -> None:
+def test_options_travel_typed_in_the_run_context(tmp_path: Path) -> None:
     options = golden_options(target="aks", hypervisor="mshv", keep_cluster=True)
-    assert ClusterOptions.from_env({"HV_CLUSTER_OPTIONS": options.to_env()}) == options
+    ctx = RunContext("r", str(tmp_path), "aks", "process", resolve_plugin(), cluster=options)
+    back = runcontext.read(ctx.write())
+    assert back == ctx and back.cluster == options
     assert (
         options.manifest_target == "aks-mshv" and options.plugin_namespace == "hvconform-c0ffee01"
     )

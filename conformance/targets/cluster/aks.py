@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from conformance.contract.plugin import PluginUnderTest
+from conformance.contract.runcontext import RunContext
 from conformance.contract.wait import wait_for
 from conformance.targets.cluster.access import (
     CommandFailed,
@@ -27,10 +29,8 @@ from conformance.targets.cluster.diag import DIAG_NAME, DiagPods, diag_namespace
 from conformance.targets.cluster.kube import Obj
 from conformance.targets.cluster.lifecycle import Action
 from conformance.targets.cluster.node import ClusterNode
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.runcontext import RunContext
 from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
-from conformance.targets.cluster.run import cluster_options, ClusterLifecycle, open_cluster
+from conformance.targets.cluster.run import ClusterLifecycle, cluster_options, open_cluster
 from conformance.targets.cluster.workloads import (
     RUN_LABEL,
     TAINT_KEY,
@@ -321,11 +321,15 @@ def build_plan(
 def plan_text(options: ClusterOptions, plugin: PluginUnderTest | None = None) -> str:
     """What `--dry-run` prints for AKS."""
     where = f"AKS {options.resource_group}/{options.cluster}, {options.hypervisor}"
-    return render_plan(build_plan(options, None, plugin), f"hvconform plan: {where}, image {options.image}")
+    return render_plan(
+        build_plan(options, None, plugin), f"hvconform plan: {where}, image {options.image}"
+    )
 
 
 @contextlib.contextmanager
-def open_node(ctx: RunContext, *, worker: str, metadata: object | None = None) -> Iterator[ClusterNode]:
+def open_node(
+    ctx: RunContext, *, worker: str, metadata: object | None = None
+) -> Iterator[ClusterNode]:
     """The registry's entry: a temporary AKS node pool, its node, always deleted. The node's
     device is not on this machine, so there is no host metadata to check here."""
     options = cluster_options(ctx, "aks")

@@ -19,7 +19,9 @@ from typing import Any, Protocol
 
 import yaml
 
+from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.results import EnvironmentBlocked
+from conformance.contract.runcontext import RunContext
 from conformance.targets.cluster.access import (
     STATE_DIR,
     DirectAccess,
@@ -32,10 +34,8 @@ from conformance.targets.cluster.diag import DIAG_NAME, DiagPods, diag_namespace
 from conformance.targets.cluster.kube import KubeApi, Obj
 from conformance.targets.cluster.lifecycle import Action
 from conformance.targets.cluster.node import ClusterNode
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.runcontext import RunContext
 from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
-from conformance.targets.cluster.run import cluster_options, RESTORE, ClusterLifecycle, open_cluster
+from conformance.targets.cluster.run import RESTORE, ClusterLifecycle, cluster_options, open_cluster
 from conformance.targets.cluster.workloads import Layout, diagnostic_pod, prepare
 from plugin.api.names import HYPERVISOR_RESOURCE
 
@@ -283,7 +283,9 @@ def plan_text(options: ClusterOptions, plugin: PluginUnderTest | None = None) ->
 
 
 @contextlib.contextmanager
-def open_node(ctx: RunContext, *, worker: str, metadata: object | None = None) -> Iterator[ClusterNode]:
+def open_node(
+    ctx: RunContext, *, worker: str, metadata: object | None = None
+) -> Iterator[ClusterNode]:
     """The registry's entry: the plugin deployed on the caller's cluster, one node of it."""
     options = cluster_options(ctx, "cluster")
     out_dir = ctx.out

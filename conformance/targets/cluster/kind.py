@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from conformance.contract.plugin import PluginUnderTest
+from conformance.contract.runcontext import RunContext
 from conformance.targets.cluster.access import (
     CommandFailed,
     CommandRunner,
@@ -31,10 +33,8 @@ from conformance.targets.cluster.kindbin import kind_env, kind_facts
 from conformance.targets.cluster.kube import Obj
 from conformance.targets.cluster.lifecycle import Action
 from conformance.targets.cluster.node import ClusterNode
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.runcontext import RunContext
 from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
-from conformance.targets.cluster.run import cluster_options, ClusterLifecycle, open_cluster, quote
+from conformance.targets.cluster.run import ClusterLifecycle, cluster_options, open_cluster, quote
 
 CLUSTER_LABEL = "io.x-k8s.kind.cluster"  # kind labels each node container with its cluster
 
@@ -248,7 +248,9 @@ def plan_text(options: ClusterOptions, plugin: PluginUnderTest | None = None) ->
 
 
 @contextlib.contextmanager
-def open_node(ctx: RunContext, *, worker: str, metadata: object | None = None) -> Iterator[ClusterNode]:
+def open_node(
+    ctx: RunContext, *, worker: str, metadata: object | None = None
+) -> Iterator[ClusterNode]:
     """The registry's entry: a kind cluster made for this run, its node, always deleted."""
     options = cluster_options(ctx, "kind")
     out_dir = ctx.out

@@ -119,6 +119,21 @@ def environment(host: str) -> dict[str, str]:
     return dict(kind_env() or os.environ, DOCKER_HOST=host)
 
 
+def tag_as_shipped(tag: str, engine: DockerEngine) -> str:
+    """Tag the freshly built plugin image as the shipped profile names it (the documented build
+    command's tag, `docker build -t hv-device-plugin:<version>`); returns that tag."""
+    from plugin.api.names import default_plugin_image
+
+    shipped = default_plugin_image()
+    client = engine.client(timeout=120)
+    try:
+        repository, _, version = shipped.rpartition(":")
+        client.images.get(tag).tag(repository, version)
+    finally:
+        client.close()
+    return shipped
+
+
 def log(event: str, **fields: object) -> None:
     print(json.dumps({"event": event, **fields}), file=sys.stderr, flush=True)
 
@@ -129,8 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--project-images",
         action="store_true",
-        help="the plugin and guest images of `nox -s image` (built when stale): copied, and "
-        "named to COMMAND as HV_IMAGE and HV_GUEST_IMAGE",
+        help="the plugin and guest images of `nox -s image` (built when stale): copied, the "
+        "plugin also under the shipped profile's tag (hv-device-plugin:<version>), and the guest "
+        "named to COMMAND as HV_GUEST_IMAGE. The plugin under test stays the profile's image: "
+        "never named by this wrapper, so a third-party profile is never given ours",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -145,8 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         images = list(args.image)
         if args.project_images:
             tags = build_images()
-            env.update(HV_IMAGE=tags["plugin"], HV_GUEST_IMAGE=tags["guest"])
+            env.update(HV_GUEST_IMAGE=tags["guest"])
             images += [tags["plugin"], tags["guest"]]
+            with DockerEngine(what="kind-engine tag") as suite_engine:
+                images.append(tag_as_shipped(tags["plugin"], suite_engine))
         kind = shutil.which("kind", path=env["PATH"]) or "kind"
         log("kind-engine", host=host, started_here=engine.started_here, kind=kind,
             kind_version=kind_version(kind))  # fmt: skip
