@@ -17,17 +17,27 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
-
-import yaml
+from typing import Any
 
 from conformance.contract.deploy import Deploy, parse_deploy
 from conformance.contract.errors import ProfileError as ProfileError
+from conformance.contract.profile_rules import HYPERVISOR_DEVICES as HYPERVISOR_DEVICES
+from conformance.contract.profile_rules import PROBE_TYPES as PROBE_TYPES
+from conformance.contract.profile_rules import ProbeType as ProbeType
+from conformance.contract.profile_rules import (
+    abs_dir,
+    argv,
+    check_dirs,
+    devices,
+    env_map,
+    known_keys,
+    probe_fields,
+    resource_name,
+    text,
+)
+from conformance.contract.safeyaml import UnsafeInput, excerpt, load_strict, read_bounded
 from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
 
-ProbeType = Literal["http", "grpc-health", "exec", "none"]
-PROBE_TYPES: tuple[str, ...] = ("http", "grpc-health", "exec", "none")
-HYPERVISOR_DEVICES = ("/dev/kvm", "/dev/mshv")
 SHIPPED = Path(__file__).resolve().parent.parent / "profiles" / "hv-device-plugin.yaml"
 # Placeholders a command, an env value or a probe may use; each is filled by the target.
 PLACEHOLDERS = ("python", "profile_dir", "health_addr", "health_host", "health_port")
@@ -222,67 +232,22 @@ def from_plugin_cmd(cmd: str) -> PluginUnderTest:
 
 
 def load_profile(path: Path | str) -> PluginUnderTest:
-    """Read and validate a profile file; ProfileError (one line) for anything unusable."""
-    where = str(path)
+    """Read and validate a profile file; ProfileError (one line) for anything unusable: a file
+    that is not regular (a FIFO, a device) or too large, YAML with aliases, duplicate keys or
+    huge integers, and any value the rules below refuse. Errors quote the file only through
+    short escaped excerpts."""
+    shown = str(path)
+    where = shown if shown.isprintable() and len(shown) <= 200 else excerpt(shown, 120)
     try:
-        raw = Path(path).read_bytes()[: _MAX_PROFILE_BYTES + 1]
-    except OSError as exc:
-        raise ProfileError(f"{where}: cannot read: {exc.strerror}") from None
-    if len(raw) > _MAX_PROFILE_BYTES:
-        raise ProfileError(f"{where}: larger than {_MAX_PROFILE_BYTES} bytes")
-    try:
-        data = yaml.safe_load(raw.decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ProfileError(f"{where}: not a YAML profile: {first}") from None
+        data = load_strict(read_bounded(path, _MAX_PROFILE_BYTES), where)
+    except UnsafeInput as exc:
+        raise ProfileError(str(exc)) from None
     return parse_profile(data, where, Path(path).resolve().parent)
 
 
-def _str(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value or "\x00" in value:
-        raise ProfileError(f"{where}: want a non-empty string, got {value!r:.60}")
-    return value
-
-
-def _abs(value: Any, where: str) -> str:
-    text = _str(value, where)
-    p = PurePosixPath(text)
-    if not p.is_absolute() or ".." in p.parts or str(p) != text.rstrip("/") or text == "/":
-        raise ProfileError(f"{where}: want a normalised absolute path, got {text!r:.80}")
-    return text
-
-
 def _probe(value: Any, where: str) -> Probe:
-    if value is None or value == "none":
-        return Probe()
-    if not isinstance(value, dict):
-        raise ProfileError(f"{where}: want a mapping with 'type', got {value!r:.60}")
-    kind = value.get("type")
-    if kind not in PROBE_TYPES:
-        raise ProfileError(f"{where}.type: want one of {', '.join(PROBE_TYPES)}, got {kind!r}")
-    allowed = {"http": {"url"}, "grpc-health": {"service"}, "exec": {"command"}, "none": set()}
-    extra = set(value) - {"type"} - allowed[kind]
-    if extra:
-        raise ProfileError(f"{where}: unknown key(s) for type {kind}: {', '.join(sorted(extra))}")
-    if kind == "http":
-        url = _str(value.get("url"), f"{where}.url")
-        if not url.startswith("http://"):
-            raise ProfileError(f"{where}.url: want an http:// URL template, got {url!r:.80}")
-        return Probe("http", url=url)
-    if kind == "grpc-health":
-        service = value.get("service", "")
-        if not isinstance(service, str):
-            raise ProfileError(f"{where}.service: want a string, got {service!r:.60}")
-        return Probe("grpc-health", service=service)
-    if kind == "exec":
-        return Probe("exec", command=_argv(value.get("command"), f"{where}.command"))
-    return Probe()
-
-
-def _argv(value: Any, where: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value:
-        raise ProfileError(f"{where}: want a non-empty list of strings (argv, run as is)")
-    return tuple(_str(v, f"{where}[{i}]") for i, v in enumerate(value))
+    kind, url, service, command = probe_fields(value, where)
+    return Probe(kind, url, service, command)
 
 
 def _paths(value: Any, where: str) -> Paths:
@@ -290,62 +255,48 @@ def _paths(value: Any, where: str) -> Paths:
         return Paths()
     if not isinstance(value, dict):
         raise ProfileError(f"{where}: want a mapping")
-    unknown = set(value) - _PATH_KEYS
-    if unknown:
-        raise ProfileError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
-    devices = value.get("devices", ["/dev/kvm"])
-    if not isinstance(devices, list) or not devices:
-        raise ProfileError(f"{where}.devices: want a non-empty list")
-    for i, dev in enumerate(devices):
-        if dev not in HYPERVISOR_DEVICES:
-            raise ProfileError(
-                f"{where}.devices[{i}]: only {' and '.join(HYPERVISOR_DEVICES)} are accepted, "
-                f"got {dev!r:.60}"
-            )
+    known_keys(value, _PATH_KEYS, where)
     host_dev = value.get("hostDevDir")
     paths = Paths(
-        device_plugin_dir=_abs(
+        device_plugin_dir=abs_dir(
             value.get("devicePluginDir", DEVICE_PLUGIN_DIR), f"{where}.devicePluginDir"
         ),
-        cdi_dir=_abs(value.get("cdiDir", CDI_DYNAMIC_DIR), f"{where}.cdiDir"),
-        devices=tuple(devices),
-        host_dev_dir=None if host_dev is None else _abs(host_dev, f"{where}.hostDevDir"),
+        cdi_dir=abs_dir(value.get("cdiDir", CDI_DYNAMIC_DIR), f"{where}.cdiDir"),
+        devices=devices(value.get("devices", ["/dev/kvm"]), f"{where}.devices"),
+        host_dev_dir=None if host_dev is None else abs_dir(host_dev, f"{where}.hostDevDir"),
     )
-    dirs = [paths.device_plugin_dir, paths.cdi_dir, *([host_dev] if host_dev else [])]
-    if len(set(dirs)) != len(dirs):
-        raise ProfileError(f"{where}: the plugin, CDI and host-device directories must differ")
-    if any(d == "/dev" or d.startswith("/dev/") for d in dirs):
-        raise ProfileError(f"{where}: a directory under /dev would hide the plugin's devices")
+    dirs = [paths.device_plugin_dir, paths.cdi_dir]
+    check_dirs([*dirs, paths.host_dev_dir] if paths.host_dev_dir else dirs, where)
     return paths
 
 
 def parse_profile(data: Any, where: str, profile_dir: Path) -> PluginUnderTest:
     if not isinstance(data, dict):
-        raise ProfileError(f"{where}: want a mapping at the top level")
-    unknown = set(data) - _TOP_KEYS
-    if unknown:
-        raise ProfileError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
-    env = data.get("env") or {}
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and k and isinstance(v, str) and "\x00" not in v for k, v in env.items()
-    ):
-        raise ProfileError(f"{where}.env: want a mapping of names to strings")
+        raise ProfileError(f"{where}: want a mapping at the top level (a plugin profile)")
+    if "command" not in data:
+        # Nothing of the file is echoed: a file that is no profile at all (a symlink to a
+        # secret, say) must not have its keys printed.
+        raise ProfileError(f"{where}: not a plugin profile: no 'command' key")
+    known_keys(data, _TOP_KEYS, where)
     cdi = data.get("cdi") or {}
-    if not isinstance(cdi, dict) or set(cdi) - {"kind", "spec"}:
+    if not isinstance(cdi, dict):
         raise ProfileError(f"{where}.cdi: want a mapping with 'kind' and/or 'spec'")
+    known_keys(cdi, {"kind", "spec"}, f"{where}.cdi")
     spec = cdi.get("spec")
-    if spec is not None and ("/" in _str(spec, f"{where}.cdi.spec") or spec in (".", "..")):
+    if spec is not None and ("/" in text(spec, f"{where}.cdi.spec") or spec in (".", "..")):
         raise ProfileError(f"{where}.cdi.spec: want a file name in the CDI directory")
     resource = data.get("resource")
     return PluginUnderTest(
-        name=_str(data.get("name", profile_dir.name), f"{where}.name"),
-        command=_argv(data.get("command"), f"{where}.command"),
-        env=dict(env),
+        name=text(data.get("name", profile_dir.name), f"{where}.name"),
+        command=argv(data.get("command"), f"{where}.command"),
+        env=env_map(data.get("env"), f"{where}.env"),
         paths=_paths(data.get("paths"), f"{where}.paths"),
         readiness=_probe(data.get("readiness"), f"{where}.readiness"),
         liveness=_probe(data.get("liveness"), f"{where}.liveness"),
-        resource=None if resource is None else _str(resource, f"{where}.resource"),
-        cdi_kind=None if cdi.get("kind") is None else _str(cdi["kind"], f"{where}.cdi.kind"),
+        resource=None if resource is None else resource_name(resource, f"{where}.resource"),
+        cdi_kind=None
+        if cdi.get("kind") is None
+        else resource_name(cdi["kind"], f"{where}.cdi.kind"),
         cdi_spec=spec,
         deploy=parse_deploy(data.get("deploy"), f"{where}.deploy", profile_dir),
         source=where,
