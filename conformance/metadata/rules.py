@@ -182,10 +182,13 @@ def parse_group_lookup(text: str, group: str = "kvm") -> int:
     entries: list[list[str]] = []
     for number, line in enumerate(lines, 1):
         fields = line.split(":")
+        # The line itself is never echoed: a file given by mistake (/etc/shadow) must not print.
         if len(fields) != 4 or not _GROUP_NAME.fullmatch(fields[0]):
-            raise MetadataInputError(f"group lookup line {number} is malformed: {line!r}")
+            raise MetadataInputError(
+                f"group lookup line {number} is malformed: want NAME:x:GID:MEMBERS (getent group)"
+            )
         if not _DECIMAL.fullmatch(fields[2]):
-            raise MetadataInputError(f"group lookup line {number} has no decimal gid: {line!r}")
+            raise MetadataInputError(f"group lookup line {number} has no decimal gid")
         entries.append(fields)
     found = [fields for fields in entries if fields[0] == group]
     if len(found) != 1:

@@ -171,3 +171,19 @@ def test_any_bytes_are_a_profile_or_one_line_error(tmp_path: Path, raw: bytes) -
         load_profile(path)
     except ProfileError as exc:
         assert "\n" not in str(exc) and len(str(exc)) < 600, str(exc)
+
+
+def test_a_group_lookup_that_is_a_secret_file_prints_none_of_it(tmp_path: Path) -> None:
+    """`hvconform metadata check-startup --group-lookup /etc/shadow` printed root's line."""
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$y$j9T$VERYSECRETHASH:19000:0:99999:7:::\n")
+    snap = tmp_path / "snap.json"
+    subprocess.run([*HVCONFORM, "metadata", "snapshot", "--device", "/dev/kvm", "--out",
+                    str(snap)], check=True, capture_output=True)  # fmt: skip
+    proc = subprocess.run(
+        [*HVCONFORM, "metadata", "check-startup", "--original", str(snap), "--current",
+         str(snap), "--group-lookup", str(secret)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "SECRET" not in proc.stderr + proc.stdout and "$y$" not in proc.stderr + proc.stdout
