@@ -8,8 +8,10 @@ import sys
 
 from conformance.manifests.policy import check_policy
 from conformance.manifests.render import (
+    CDI_DIR,
     DEFAULT_NAMESPACE,
     DEFAULT_POOL_TAINT,
+    KUBELET_ROOT,
     TARGETS,
     ManifestError,
     default_image,
@@ -47,6 +49,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "empty: no toleration [HV_POOL_TAINT]",
     )
     parser.add_argument(
+        "--kubelet-root-dir",
+        default=KUBELET_ROOT,
+        help="the nodes' kubelet --root-dir (k0s: /var/lib/k0s/kubelet; microk8s: "
+        "/var/snap/microk8s/common/var/lib/kubelet): the plugin registers in <root>/device-plugins",
+    )
+    parser.add_argument(
+        "--cdi-dir", default=CDI_DIR, help="the CDI dir the nodes' container runtime reads"
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help="also check the rendered objects against the security policy; exit 1 on a violation",
@@ -60,11 +71,14 @@ def run(ns: argparse.Namespace) -> int:
     image: str = ns.image
     namespace: str = ns.namespace
     taint: str | None = ns.pool_taint or None
+    dirs = {"kubelet_root": ns.kubelet_root_dir, "cdi_dir": ns.cdi_dir}
     try:
-        text = render_manifests(target, image=image, namespace=namespace, pool_taint=taint)
+        text = render_manifests(target, image=image, namespace=namespace, pool_taint=taint, **dirs)
         violations = []
         if ns.check:
-            objects = render_objects(target, image=image, namespace=namespace, pool_taint=taint)
+            objects = render_objects(
+                target, image=image, namespace=namespace, pool_taint=taint, **dirs
+            )
             violations = check_policy(objects)
     except ManifestError as exc:
         print(f"hvconform manifests: {exc}", file=sys.stderr)

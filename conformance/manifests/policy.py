@@ -10,7 +10,24 @@ from typing import Any, Final
 from conformance.manifests.render import CDI_DIR, PLUGIN_DIR, ManifestError, check_image
 
 HOST_DEV: Final = "/dev"
-ALLOWED_HOST_PATHS: Final = frozenset({PLUGIN_DIR, CDI_DIR, HOST_DEV})
+ALLOWED_HOST_PATHS: Final = frozenset({PLUGIN_DIR, CDI_DIR, HOST_DEV})  # the standard ones
+# Trees no plugin dir may be in (a distribution may move the kubelet root or the CDI dir, never
+# into these).
+SYSTEM_TREES: Final = ("/proc", "/sys", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib64")
+
+
+def host_path_allowed(path: str) -> bool:
+    """The node's /dev, a kubelet's plugin dir under any root (k0s, microk8s), or a CDI dir."""
+    norm = posixpath.normpath(path)
+    if ".." in path.split("/") or norm != path.rstrip("/") or not path.startswith("/"):
+        return False
+    if norm in ALLOWED_HOST_PATHS:
+        return True
+    if any(norm == t or norm.startswith(t + "/") for t in (*SYSTEM_TREES, "/dev", "/etc")):
+        return norm == "/etc/cdi"  # the CDI static dir is the one place allowed under /etc
+    return norm.endswith("/device-plugins") or norm.endswith("/cdi")
+
+
 WORKLOAD_KINDS: Final = frozenset({"DaemonSet", "Deployment", "StatefulSet", "Job", "Pod"})
 
 RULES: Final[Mapping[str, str]] = {
@@ -26,7 +43,8 @@ RULES: Final[Mapping[str, str]] = {
     "termination-message-policy": "explicit terminationMessagePolicy",
     "probes": "liveness and readiness probes on every long-running container",
     "resources": "cpu and memory in both requests and limits",
-    "host-paths": "hostPath volumes only for the kubelet plugin dir, the CDI dir and /dev",
+    "host-paths": "hostPath volumes only for a kubelet plugin dir (<root>/device-plugins), a "
+    "CDI dir (<dir>/cdi) and /dev, outside the system's own trees",
     "host-dev-read-only": "every mount of the /dev view is readOnly, recursively where possible",
     "no-host-namespaces": "no hostNetwork, hostPID or hostIPC",
     "image-pinned": "image pinned by a tag other than latest, or by a digest",
@@ -89,7 +107,7 @@ class _Checker:
             path = _get(volume, "hostPath", "path")
             if path is None:
                 continue
-            if ".." in str(path).split("/") or posixpath.normpath(path) not in ALLOWED_HOST_PATHS:
+            if not host_path_allowed(str(path)):
                 self.fail("host-paths", where, f"volume {name!r} mounts host path {path!r}")
         for label, container, long_running in _containers(pod):
             self.container(f"{where} {label}", pod, container, volumes, long_running)

@@ -24,6 +24,7 @@ DEFAULT_POOL_TAINT: Final = "hyperlight.dev/conformance"
 HOST_DEV_VIEW: Final = "/host-dev"
 PLUGIN_DIR: Final = DEVICE_PLUGIN_DIR
 CDI_DIR: Final = CDI_DYNAMIC_DIR
+KUBELET_ROOT: Final = PLUGIN_DIR.rsplit("/", 1)[0]  # /var/lib/kubelet
 HYPERVISOR_LABEL: Final = HYPERVISOR_RESOURCE
 # The chart's per-target values files, by target name.
 TARGETS: Final = ("kind", "aks", "aks-mshv")
@@ -97,9 +98,15 @@ def image_values(image: str) -> dict[str, str]:
     }
 
 
-def chart_values(image: str, pool_taint: str | None = DEFAULT_POOL_TAINT) -> dict[str, Any]:
-    """What hvconform sets on top of a target's values file: the namespace object, the image
-    and the toleration of the run's pool taint (any value, any effect)."""
+def chart_values(
+    image: str,
+    pool_taint: str | None = DEFAULT_POOL_TAINT,
+    kubelet_root: str = KUBELET_ROOT,
+    cdi_dir: str = CDI_DIR,
+) -> dict[str, Any]:
+    """What hvconform sets on top of a target's values file: the namespace object, the image,
+    the toleration of the run's pool taint (any value, any effect) and the node's kubelet root
+    and CDI dirs (the chart's schema refuses unusable ones)."""
     tolerations = (
         [] if pool_taint is None else [{"key": _check_taint_key(pool_taint), "operator": "Exists"}]
     )
@@ -107,12 +114,16 @@ def chart_values(image: str, pool_taint: str | None = DEFAULT_POOL_TAINT) -> dic
         "namespace": {"create": True},
         "image": image_values(image),
         "tolerations": tolerations,
+        "kubeletRootDir": kubelet_root,
+        "cdiDir": cdi_dir,
     }
 
 
 @functools.lru_cache(maxsize=64)
-def _render(target: str, image: str, namespace: str, pool_taint: str | None) -> str:
-    values = chart_values(image, pool_taint)
+def _render(
+    target: str, image: str, namespace: str, pool_taint: str | None, dirs: tuple[str, str]
+) -> str:
+    values = chart_values(image, pool_taint, *dirs)
     try:
         return template(_check_namespace(namespace), [target_values(target)], values)
     except ChartError as exc:
@@ -125,12 +136,14 @@ def render_manifests(
     image: str,
     namespace: str = DEFAULT_NAMESPACE,
     pool_taint: str | None = DEFAULT_POOL_TAINT,
+    kubelet_root: str = KUBELET_ROOT,
+    cdi_dir: str = CDI_DIR,
 ) -> str:
     """Multi-document YAML for `target` (helm's output as is); `pool_taint=None` renders no
     toleration. Cached: helm runs once per distinct set of parameters."""
     if target not in TARGETS:
         raise ManifestError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
-    return _render(target, image, namespace, pool_taint)
+    return _render(target, image, namespace, pool_taint, (kubelet_root, cdi_dir))
 
 
 def render_objects(
@@ -139,9 +152,18 @@ def render_objects(
     image: str,
     namespace: str = DEFAULT_NAMESPACE,
     pool_taint: str | None = DEFAULT_POOL_TAINT,
+    kubelet_root: str = KUBELET_ROOT,
+    cdi_dir: str = CDI_DIR,
 ) -> list[dict[str, Any]]:
     """The rendered manifests parsed into one dict per Kubernetes object, in apply order."""
-    text = render_manifests(target, image=image, namespace=namespace, pool_taint=pool_taint)
+    text = render_manifests(
+        target,
+        image=image,
+        namespace=namespace,
+        pool_taint=pool_taint,
+        kubelet_root=kubelet_root,
+        cdi_dir=cdi_dir,
+    )
     objects: list[dict[str, Any]] = []
     for doc in yaml.safe_load_all(text):
         if doc is None:

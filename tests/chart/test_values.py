@@ -46,6 +46,20 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "bad-pull-secret": ({"image": {"pullSecrets": ["Bad_Name"]}}, "/image/pullSecrets/0"),
     "bad-toleration": ({"tolerations": [{"key": "a", "operator": "In"}]}, "/tolerations/0"),
     "bad-priority-class": ({"priorityClassName": "Not Valid"}, "/priorityClassName"),
+    # issue 27: what Kubernetes or the runtime refuses at apply time, refused here first
+    "env-value-nul": ({"extraEnv": [{"name": "A", "value": "a\x00b"}]}, "/extraEnv/0/value"),
+    "annotation-key-newline": (
+        {"metrics": {"service": {"annotations": {"a\nb": "x"}}}},
+        "invalid propertyName",  # helm's validator names the wrong path for propertyNames
+    ),
+    "label-value-control": (
+        {"metrics": {"serviceMonitor": {"labels": {"team": "a\x07"}}}},
+        "/metrics/serviceMonitor/labels/team",
+    ),
+    "kubelet-root-relative": ({"kubeletRootDir": "var/lib/kubelet"}, "/kubeletRootDir"),
+    "kubelet-root-dotdot": ({"kubeletRootDir": "/var/lib/../../proc"}, "/kubeletRootDir"),
+    "kubelet-root-proc": ({"kubeletRootDir": "/proc/1/root"}, "/kubeletRootDir"),
+    "cdi-dir-sys": ({"cdiDir": "/sys/kernel"}, "/cdiDir"),
 }
 
 

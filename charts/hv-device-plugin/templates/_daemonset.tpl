@@ -138,12 +138,12 @@ spec:
             sizeLimit: 16Mi
         - name: device-plugins
           hostPath:
-            path: {{ include "hv.pluginDir" $root }}
+            path: {{ include "hv.hostPluginDir" $root }}
             type: Directory
         {{- if .cdi }}
         - name: cdi
           hostPath:
-            path: {{ include "hv.cdiDir" $root }}
+            path: {{ include "hv.hostCdiDir" $root }}
             type: DirectoryOrCreate
         {{- end }}
         - name: host-dev

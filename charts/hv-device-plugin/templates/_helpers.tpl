@@ -15,9 +15,12 @@ objects as `helm template` whatever the release is called.
 {{- with .Values.image.digest }}@{{ . }}{{ end -}}
 {{- end -}}
 
-{{/* Host paths and in-container paths: the only hostPaths the policy allows. */}}
+{{/* In-container paths: always the standard ones, wherever the node keeps them. */}}
 {{- define "hv.pluginDir" -}}/var/lib/kubelet/device-plugins{{- end -}}
 {{- define "hv.cdiDir" -}}/var/run/cdi{{- end -}}
+{{/* Host paths: the node's kubelet root and CDI dir (values kubeletRootDir, cdiDir). */}}
+{{- define "hv.hostPluginDir" -}}{{ trimSuffix "/" .Values.kubeletRootDir }}/device-plugins{{- end -}}
+{{- define "hv.hostCdiDir" -}}{{ .Values.cdiDir }}{{- end -}}
 {{- define "hv.hostDevView" -}}/host-dev{{- end -}}
 
 {{/* Labels of one DaemonSet and its pods; `.name` and `.component` come from the caller. */}}
