@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +33,8 @@ def hvconform(tmp_path: Path, *args: str, plugin: str = "") -> tuple[int, dict[s
     ]
     if plugin:
         # The plugin runs with its own working dir: the mutants are found through PYTHONPATH.
-        cmd += ["--plugin-cmd", f"env PYTHONPATH={ROOT} {sys.executable} -m {plugin}"]
+        argv = ["env", f"PYTHONPATH={ROOT}", sys.executable, "-m", plugin]
+        cmd += ["--plugin-cmd", shlex.join(argv)]  # a checkout path may hold a space
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     results = out / "results.json"
     data = json.loads(results.read_text()) if results.exists() else {}

@@ -18,6 +18,7 @@ import yaml
 from conformance.targets.cluster import kindbin
 from conformance.targets.kindnode import oci, rootfs
 from conformance.targets.realnode.image import layer as pause_layer
+from tests.scripts import python_script
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNC_BOUNDED = ROOT / "scripts" / "runc-bounded"
@@ -34,15 +35,12 @@ def _bounding() -> set[int]:
 
 def _fake_runtime(tmp_path: Path) -> Path:
     """A runtime that records its argv and the spec files as runc would have read them."""
-    exe = tmp_path / "runtime"
-    exe.write_text(
-        f"#!{sys.executable}\n"
+    return python_script(
+        tmp_path / "runtime",
         "import json, sys, pathlib\n"
         f"out = pathlib.Path({str(tmp_path)!r}) / 'called.json'\n"
-        "out.write_text(json.dumps(sys.argv[1:]))\n"
+        "out.write_text(json.dumps(sys.argv[1:]))\n",
     )
-    exe.chmod(0o755)
-    return exe
 
 
 ALL_CAPS = ["CAP_CHOWN", "CAP_SYS_ADMIN", "CAP_SYS_RESOURCE", "CAP_BPF", "CAP_NET_ADMIN"]

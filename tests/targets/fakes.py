@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any
+
+from tests.scripts import python_script
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACTS = ROOT / "fixtures" / "contracts"
 
-FAKE_EXE = r'''#!__PYTHON__
-"""Recorded-contract stand-in for __NAME__: logs argv, answers from the recorded rules."""
+FAKE_EXE = r'''"""Recorded-contract stand-in for __NAME__: logs argv, answers from the recorded rules."""
 import json, os, re, shutil, signal, sys, time
 from pathlib import Path
 
@@ -77,8 +77,7 @@ def install_fakes(bin_dir: Path, names: tuple[str, ...]) -> None:
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name in names:
         exe = bin_dir / name
-        exe.write_text(FAKE_EXE.replace("__PYTHON__", sys.executable).replace("__NAME__", name))
-        exe.chmod(0o755)
+        python_script(exe, FAKE_EXE.replace("__NAME__", name))
 
 
 def read_log(path: Path) -> list[list[str]]:

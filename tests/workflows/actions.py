@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from tests.scripts import python_script
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
 SCRIPTS = ROOT / ".github" / "scripts"
@@ -133,7 +135,11 @@ class Runner:
 
 
 def write_tool(path: Path, text: str) -> Path:
-    """An executable stand-in on the test's PATH (docker, az, a snapshot source)."""
+    """An executable stand-in on the test's PATH (docker, az, a snapshot source). A Python one
+    (`#!` + this interpreter) goes through tests.scripts: its path may hold a space."""
+    shebang = f"#!{sys.executable}\n"
+    if text.startswith(shebang):
+        return python_script(path, text[len(shebang) :])
     path.write_text(text)
     path.chmod(0o755)
     return path
