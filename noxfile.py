@@ -37,9 +37,11 @@ def _actionlint(session: nox.Session) -> None:
 HELM = "helm.sh/helm/v4/cmd/helm@v4.3.2"
 
 
-def _helm(session: nox.Session) -> None:
-    """helm, pinned above, into the session's bin; kept while its module version matches."""
-    binary = Path(str(session.bin)) / "helm"
+def _helm(session: nox.Session, bindir: Path | None = None) -> None:
+    """helm, pinned above, into `bindir` (the session's bin); kept while its module version
+    matches."""
+    bindir = bindir or Path(str(session.bin))
+    binary = bindir / "helm"
     module, _, want = HELM.rpartition("@")
     if binary.exists():
         info = session.run("go", "version", "-m", str(binary), silent=True, external=True)
@@ -48,7 +50,16 @@ def _helm(session: nox.Session) -> None:
             line.split()[:3] == ["mod", main, want] for line in info.splitlines()
         ):
             return
-    session.run("go", "install", HELM, external=True, env={"GOBIN": str(session.bin)})
+    bindir.mkdir(parents=True, exist_ok=True)
+    session.run("go", "install", HELM, external=True, env={"GOBIN": str(bindir)})
+
+
+@nox.session(python=False)
+def helm(session: nox.Session) -> None:
+    """The pinned helm into ~/.cache/hv-device-plugin/bin (XDG_CACHE_HOME honoured), where
+    hvconform finds it outside any nox session (`hvconform manifests`, cluster targets)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    _helm(session, Path(base) / "hv-device-plugin" / "bin")
 
 
 # nox's session.run answers True, not the exit code, whatever success_codes say: so pytest runs

@@ -16,6 +16,8 @@ from conformance import cluster_nodes
 from conformance.contract import manifest
 from conformance.contract.cluster_options import ClusterOptions
 from conformance.contract.errors import Unhonoured
+from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
+from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.plugin import PluginUnderTest, ProfileError
 from conformance.contract.plugin import resolve as resolve_plugin
 from conformance.contract.runcontext import ENV_CONTEXT, RunContext
@@ -316,6 +318,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
     out = Path(ns.out).resolve() if ns.out else root / run_id
     try:
         cluster, code = _cluster_options(ns, run_id, out, plugin)
+    except EnvironmentBlocked as exc:  # helm missing, say: the fix, not a check failure
+        print(f"hvconform: environment blocked: {exc}", file=sys.stderr)
+        return EXIT_ENVIRONMENT_BLOCKED
     except (Unhonoured, ValueError) as exc:  # the profile's objects cannot be rendered
         print(f"hvconform: {str(exc).splitlines()[0][:300]}", file=sys.stderr)
         return inputs.EXIT_BAD_INPUT

@@ -45,8 +45,19 @@ def target_values(target: str) -> Path:
     return chart_dir() / "targets" / f"{target}.yaml"
 
 
+class HelmMissing(ChartError):
+    """No helm to run: an environment problem (exit 6 with the fix), not bad input."""
+
+
+def helm_cache() -> Path:
+    """Where `nox -s helm` puts the pinned helm for everyone on this machine (not a venv)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hv-device-plugin" / "bin" / "helm"
+
+
 def helm_binary() -> str:
-    """HV_HELM, else the helm next to this interpreter (the nox session's), else PATH's."""
+    """HV_HELM, else the helm next to this interpreter (a nox session's), else PATH's, else the
+    one `nox -s helm` built into the user's cache."""
     override = os.environ.get("HV_HELM")
     if override:
         return override
@@ -54,11 +65,14 @@ def helm_binary() -> str:
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
     found = shutil.which("helm")
-    if found is None:
-        raise ChartError(
-            "helm not found: `nox -s helm` builds it (helm.sh/helm/v4), or set HV_HELM"
-        )
-    return found
+    if found is not None:
+        return found
+    cached = helm_cache()
+    if cached.is_file() and os.access(cached, os.X_OK):
+        return str(cached)
+    raise HelmMissing(
+        f"helm not found: `./dev nox -s helm` builds the pinned one into {cached}, or set HV_HELM"
+    )
 
 
 def _one_line(text: str) -> str:
@@ -74,7 +88,9 @@ def helm(args: Sequence[str], *, stdin: str | None = None) -> str:
             argv, input=stdin, capture_output=True, text=True, timeout=HELM_TIMEOUT_S, check=False
         )
     except FileNotFoundError:
-        raise ChartError(f"helm not found at {argv[0]}") from None
+        raise HelmMissing(
+            f"helm not found at {argv[0]}: `./dev nox -s helm` builds the pinned one"
+        ) from None
     except subprocess.TimeoutExpired:
         raise ChartError(f"helm {args[0]} took longer than {HELM_TIMEOUT_S:g}s") from None
     if done.returncode != 0:

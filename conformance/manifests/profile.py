@@ -20,7 +20,8 @@ from typing import Any
 import yaml
 
 from conformance.contract.deploy import Deploy
-from conformance.manifests.chart import ChartError, template
+from conformance.contract.results import EnvironmentBlocked
+from conformance.manifests.chart import ChartError, HelmMissing, template
 from conformance.manifests.render import ManifestError
 
 Obj = dict[str, Any]
@@ -121,6 +122,8 @@ def render_deploy(deploy: Deploy, target: str, *, namespace: str, image: str = "
                 dict(chart.set),
                 chart=Path(chart.path),
             )
+        except HelmMissing as exc:
+            raise EnvironmentBlocked(str(exc)) from None
         except ChartError as exc:
             raise ManifestError(f"chart {chart.path}: {exc}") from None
         objects = parse_objects(text, f"helm template {chart.path}")

@@ -187,3 +187,14 @@ def test_a_group_lookup_that_is_a_secret_file_prints_none_of_it(tmp_path: Path) 
     )  # fmt: skip
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "SECRET" not in proc.stderr + proc.stdout and "$y$" not in proc.stderr + proc.stdout
+
+
+def test_a_cluster_dry_run_without_helm_is_environment_blocked(tmp_path: Path) -> None:
+    """A fresh machine had a traceback ("helm not found"): now exit 6, one line, the fix."""
+    proc = subprocess.run(
+        [*HVCONFORM, "run", "--target", "kind", "--dry-run", "--reports-root", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "HV_HELM": str(tmp_path / "no-helm-here")},
+    )  # fmt: skip
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "nox -s helm" in proc.stderr and not proc.stdout
