@@ -16,10 +16,10 @@ from conformance import cluster_nodes
 from conformance.contract import manifest
 from conformance.contract.cluster_options import ClusterOptions
 from conformance.contract.errors import Unhonoured
-from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
-from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.plugin import PluginUnderTest, ProfileError
 from conformance.contract.plugin import resolve as resolve_plugin
+from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
+from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.runcontext import ENV_CONTEXT, RunContext
 from conformance.scenarios import CATALOGUE, CLEANUP
 from conformance.targets import RUNTIMES, TARGETS, plan_text
