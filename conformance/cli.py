@@ -82,8 +82,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cluster-name", default="hvconform", help="kind: cluster name")
     run.add_argument(
         "--node-image",
-        default=ClusterOptions.node_image,
-        help="kind: node image (`nox -s kind-image` builds one offline: hv-kind.local/node:TAG)",
+        default=os.environ.get("HV_KIND_NODE_IMAGE") or ClusterOptions.node_image,
+        help="kind: node image (`nox -s kind-image` builds one offline, hv-kind.local/node:TAG, "
+        "and the kind engine names it when it holds it) [HV_KIND_NODE_IMAGE]",
     )
     run.add_argument("--kind-config", default=ClusterOptions.kind_config, help="kind: config")
     run.add_argument(

@@ -29,7 +29,7 @@ import docker
 
 from conformance.targets.cluster.kindbin import kind_env, kind_version
 from conformance.targets.container.engine import DockerEngine
-from conformance.targets.kindnode import ENGINE_DATA_ROOT, ENGINE_EXEC_ROOT
+from conformance.targets.kindnode import ENGINE_DATA_ROOT, ENGINE_EXEC_ROOT, NODE_IMAGE
 from conformance.targets.realnode import REPO
 from conformance.targets.realnode.node_images import build_images
 
@@ -119,6 +119,17 @@ def environment(host: str) -> dict[str, str]:
     return dict(kind_env() or os.environ, DOCKER_HOST=host)
 
 
+def has_image(engine: DockerEngine, tag: str) -> bool:
+    client = engine.client(timeout=60)
+    try:
+        client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        return False
+    finally:
+        client.close()
+    return True
+
+
 def tag_as_shipped(tag: str, engine: DockerEngine) -> str:
     """Tag the freshly built plugin image as the shipped profile names it (the documented build
     command's tag, `docker build -t hv-device-plugin:<version>`); returns that tag."""
@@ -159,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     host = engine.acquire()
     try:
         env = environment(host)
+        if has_image(engine, NODE_IMAGE):  # built by `nox -s kind-image`: the run's default
+            env["HV_KIND_NODE_IMAGE"] = NODE_IMAGE
         images = list(args.image)
         if args.project_images:
             tags = build_images()
