@@ -207,26 +207,23 @@ def _probe_from(data: Mapping[str, Any]) -> Probe:
 
 
 def from_plugin_cmd(cmd: str) -> PluginUnderTest:
-    """A plugin that speaks this repository's flags: the standard paths passed as flags, a
-    host-device view at /host-dev and HTTP health, as this repository's DaemonSet runs it."""
+    """A plugin that speaks this repository's flags: the shipped profile (its paths, probes and
+    flags) with `cmd` in place of the command that starts this repository's plugin. The flag
+    convention lives in the shipped profile only; this shortcut has no deploy section (a
+    command is not an image)."""
     try:
         base = shlex.split(cmd)
     except ValueError as exc:
         raise ProfileError(f"--plugin-cmd: {exc}") from None
     if not base:
         raise ProfileError("--plugin-cmd is empty")
-    paths = Paths(host_dev_dir="/host-dev")
-    argv = (
-        *base,
-        *("--device-plugin-dir", paths.device_plugin_dir, "--cdi-dir", paths.cdi_dir),
-        *("--host-dev-dir", "/host-dev", "--health-addr", "{health_addr}"),
-    )
-    return PluginUnderTest(
+    shipped = load_profile(SHIPPED)
+    flags = shipped.command[shipped.command.index("plugin") + 1 :]  # after `{python} -m plugin`
+    return replace(
+        shipped,
         name=PurePosixPath(base[0]).name if len(base) == 1 else shlex.join(base[:3]),
-        command=argv,
-        paths=paths,
-        readiness=Probe("http", url="http://{health_addr}/readyz"),
-        liveness=Probe("http", url="http://{health_addr}/healthz"),
+        command=(*base, *flags),
+        deploy=None,
         source=f"--plugin-cmd {cmd}",
     )
 

@@ -29,8 +29,8 @@ from conformance.targets.cluster.diag import DIAG_NAME, DiagPods, diag_namespace
 from conformance.targets.cluster.kube import Obj
 from conformance.targets.cluster.lifecycle import Action
 from conformance.targets.cluster.node import ClusterNode
-from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
-from conformance.targets.cluster.run import ClusterLifecycle, cluster_options, open_cluster
+from conformance.targets.cluster.plan import ClusterOptions, Step
+from conformance.targets.cluster.run import ClusterLifecycle, cluster_options, open_cluster, plan_of
 from conformance.targets.cluster.workloads import (
     RUN_LABEL,
     TAINT_KEY,
@@ -321,8 +321,9 @@ def build_plan(
 def plan_text(options: ClusterOptions, plugin: PluginUnderTest | None = None) -> str:
     """What `--dry-run` prints for AKS."""
     where = f"AKS {options.resource_group}/{options.cluster}, {options.hypervisor}"
-    return render_plan(
-        build_plan(options, None, plugin), f"hvconform plan: {where}, image {options.image}"
+    return plan_of(
+        AksLifecycle(options, None, plugin=plugin),
+        f"hvconform plan: {where}, image {options.image}",
     )
 
 

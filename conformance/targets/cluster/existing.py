@@ -34,8 +34,14 @@ from conformance.targets.cluster.diag import DIAG_NAME, DiagPods, diag_namespace
 from conformance.targets.cluster.kube import KubeApi, Obj
 from conformance.targets.cluster.lifecycle import Action
 from conformance.targets.cluster.node import ClusterNode
-from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
-from conformance.targets.cluster.run import RESTORE, ClusterLifecycle, cluster_options, open_cluster
+from conformance.targets.cluster.plan import ClusterOptions, Step
+from conformance.targets.cluster.run import (
+    RESTORE,
+    ClusterLifecycle,
+    cluster_options,
+    open_cluster,
+    plan_of,
+)
 from conformance.targets.cluster.workloads import Layout, diagnostic_pod, prepare
 from plugin.api.names import HYPERVISOR_RESOURCE
 
@@ -279,7 +285,9 @@ def plan_text(options: ClusterOptions, plugin: PluginUnderTest | None = None) ->
     """What `--dry-run` prints for the cluster target."""
     where = ", ".join(options.nodes) or "every KVM node"
     title = f"hvconform plan: existing cluster, {where}, {options.node_access} node access"
-    return render_plan(build_plan(options, None, plugin), f"{title}, image {options.image}")
+    return plan_of(
+        ExistingLifecycle(options, None, plugin=plugin), f"{title}, image {options.image}"
+    )
 
 
 @contextlib.contextmanager

@@ -33,8 +33,14 @@ from conformance.targets.cluster.kindbin import kind_env, kind_facts
 from conformance.targets.cluster.kube import Obj
 from conformance.targets.cluster.lifecycle import Action
 from conformance.targets.cluster.node import ClusterNode
-from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
-from conformance.targets.cluster.run import ClusterLifecycle, cluster_options, open_cluster, quote
+from conformance.targets.cluster.plan import ClusterOptions, Step
+from conformance.targets.cluster.run import (
+    ClusterLifecycle,
+    cluster_options,
+    open_cluster,
+    plan_of,
+    quote,
+)
 
 CLUSTER_LABEL = "io.x-k8s.kind.cluster"  # kind labels each node container with its cluster
 
@@ -244,7 +250,7 @@ def build_plan(
 def plan_text(options: ClusterOptions, plugin: PluginUnderTest | None = None) -> str:
     """What `--dry-run` prints for kind."""
     title = f"hvconform plan: kind cluster {options.cluster_name}, image {options.image}"
-    return render_plan(build_plan(options, None, plugin), title)
+    return plan_of(KindLifecycle(options, None, plugin=plugin), title)
 
 
 @contextlib.contextmanager

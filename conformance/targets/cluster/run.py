@@ -30,7 +30,7 @@ from conformance.targets.cluster.deploy import Deployer, deploy_steps
 from conformance.targets.cluster.kube import KubeApi, Obj
 from conformance.targets.cluster.lifecycle import Action, CleanupIncomplete, Runbook, RunReport
 from conformance.targets.cluster.node import ClusterNode
-from conformance.targets.cluster.plan import ClusterOptions, Step
+from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
 from conformance.targets.cluster.preflight import cluster_facts
 from conformance.targets.cluster.workloads import Layout, namespace, plugin_daemonset, prepare
 
@@ -246,6 +246,17 @@ class ClusterLifecycle:
         return Runbook(
             self.steps(), self.actions(), self.report, lambda argv: self.runner.run(argv)
         )
+
+
+def plan_of(lifecycle: ClusterLifecycle, title: str) -> str:
+    """The dry-run plan of a lifecycle: who is under test, the documented overrides made to its
+    objects, then every step."""
+    plugin = lifecycle.plugin
+    head = [f"# plugin under test: {plugin.name} ({plugin.source})"]
+    head += [f"# {note}" for note in lifecycle.deploy_notes]
+    text = render_plan(lifecycle.steps(), title)
+    first, _, rest = text.partition("\n")
+    return "\n".join([first, *head, rest])
 
 
 def quote(argv: list[str]) -> str:
