@@ -94,7 +94,7 @@ def test_pods_that_match_nothing_are_named_in_the_error(tmp_path: Path) -> None:
         acme_profile(tmp_path, pods={"labels": {"app": "other"}, "container": "plugin"})
     )
     assert plugin.deploy is not None
-    with pytest.raises(ManifestError, match="deploy.pods"):
+    with pytest.raises(ManifestError, match=r"deploy\.pods"):
         render_deploy(plugin.deploy, "kind", namespace="n")
 
 
