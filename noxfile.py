@@ -180,8 +180,16 @@ def conformance_kind(session: nox.Session) -> None:
     if os.environ.get("DOCKER_HOST") or Path("/var/run/docker.sock").exists():
         session.run(*run)
     else:
+        # The plugin under test's image (its profile's deploy.image) is copied into the kind
+        # engine from the suite's, beside this repository's images (the guest, the shipped one).
+        profile = _take(list(session.posargs), "--plugin-profile", "")
+        image = session.run(
+            "python", "-c", "import sys; from conformance.contract.plugin import resolve; "
+            "print(resolve(sys.argv[1]).image or '')", profile, silent=True,
+        )  # fmt: skip
+        extra = ["--image", str(image).strip()] if profile and str(image).strip() else []
         engine = ["python", "-m", "conformance.targets.kindnode.engine", "--project-images"]
-        session.run(*engine, "--", *run)
+        session.run(*engine, *extra, "--", *run)
 
 
 @nox.session(python=PYTHON, name="kind-image")
@@ -292,12 +300,22 @@ def conformance_cluster(session: nox.Session) -> None:
     tags = Path(str(session.create_tmp())) / "node-images.json"
     try:
         session.run("python", "-m", "conformance.targets.realnode.stack", "up", "--nodes", count)
-        session.run("python", "-m", "conformance.targets.realnode.node_images", "--json", str(tags))
+        profile = _take(args, "--plugin-profile", "")
+        node_images = [
+            "python",
+            "-m",
+            "conformance.targets.realnode.node_images",
+            "--json",
+            str(tags),
+        ]
+        session.run(*node_images, *(["--plugin-profile", profile] if profile else []))
         images = json.loads(tags.read_text())
+        # The plugin under test is the profile's image (imported above), never named here.
         session.run(
             "hvconform", "run", "--target", "cluster", "--kubeconfig", images["kubeconfig"],
-            "--all-nodes", "--node-access", access, "--image", images["plugin"],
-            "--guest-image", images["guest"], "--diag-image", images["guest"], *args,
+            "--all-nodes", "--node-access", access, "--guest-image", images["guest"],
+            "--diag-image", images["guest"], *(["--plugin-profile", profile] if profile else []),
+            *args,
         )  # fmt: skip
     finally:
         session.run("python", "-m", "conformance.targets.realnode.stack", "down")

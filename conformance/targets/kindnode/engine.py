@@ -130,21 +130,6 @@ def has_image(engine: DockerEngine, tag: str) -> bool:
     return True
 
 
-def tag_as_shipped(tag: str, engine: DockerEngine) -> str:
-    """Tag the freshly built plugin image as the shipped profile names it (the documented build
-    command's tag, `docker build -t hv-device-plugin:<version>`); returns that tag."""
-    from plugin.api.names import default_plugin_image
-
-    shipped = default_plugin_image()
-    client = engine.client(timeout=120)
-    try:
-        repository, _, version = shipped.rpartition(":")
-        client.images.get(tag).tag(repository, version)
-    finally:
-        client.close()
-    return shipped
-
-
 def log(event: str, **fields: object) -> None:
     print(json.dumps({"event": event, **fields}), file=sys.stderr, flush=True)
 
@@ -176,9 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.project_images:
             tags = build_images()
             env.update(HV_GUEST_IMAGE=tags["guest"])
-            images += [tags["plugin"], tags["guest"]]
-            with DockerEngine(what="kind-engine tag") as suite_engine:
-                images.append(tag_as_shipped(tags["plugin"], suite_engine))
+            images += [tags["plugin"], tags["guest"], tags["shipped"]]
         kind = shutil.which("kind", path=env["PATH"]) or "kind"
         log("kind-engine", host=host, started_here=engine.started_here, kind=kind,
             kind_version=kind_version(kind))  # fmt: skip

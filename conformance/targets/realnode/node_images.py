@@ -18,8 +18,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from conformance.contract.plugin import ProfileError, resolve
 from conformance.targets.realnode import RUN
 from conformance.targets.realnode.nodes import ADMIN_KUBECONFIG, NodeLayout, recorded_nodes
+from plugin.api.names import default_plugin_image
 
 
 def save(tags: list[str], work: Path) -> list[Path]:
@@ -59,9 +61,17 @@ def build_images(base_image: str = "") -> dict[str, str]:
         client = engine.client(timeout=1800)
         try:
             images = ensure_images(client, base_image=base_image)
+            # The shipped profile names the documented build's tag (`docker build -t
+            # hv-device-plugin:<version>`): the same image, so that profile finds it.
+            repository, _, version = default_plugin_image().rpartition(":")
+            client.images.get(images.plugin.tag).tag(repository, version)
         finally:
             client.close()
-    return {"plugin": images.plugin.tag, "guest": images.guest.tag}
+    return {
+        "plugin": images.plugin.tag,
+        "guest": images.guest.tag,
+        "shipped": default_plugin_image(),
+    }
 
 
 def load(tags: list[str]) -> list[str]:
@@ -84,11 +94,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conformance.targets.realnode.node_images")
     parser.add_argument("--base-image", default="", help="as `nox -s image --base-image`")
     parser.add_argument("--json", type=Path, help="write the plugin and guest tags here")
+    parser.add_argument(
+        "--plugin-profile",
+        default="",
+        help="also import this profile's deploy.image (from the suite's Docker engine); "
+        "default: the shipped profile, whose image is this repository's",
+    )
     args = parser.parse_args(argv)
     t0 = time.monotonic()
     try:
+        plugin = resolve(args.plugin_profile)
         tags = build_images(args.base_image)
-        names = load(list(tags.values()))
+        if plugin.image:
+            tags["profile"] = plugin.image
+        names = load(sorted(set(tags.values())))
+    except ProfileError as exc:
+        print(f"node-images: {exc}", file=sys.stderr)
+        return 2
     except RuntimeError as exc:
         print(f"node-images: {exc}", file=sys.stderr)
         return 1
