@@ -364,7 +364,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         "--context",
         str(context_path),
         "-q",
-        "-rA",
+        "-rfEs",  # failures, errors and skips summarised; passes are the progress lines already
     ]
     print(f"hvconform: plugin under test: {plugin.name} ({plugin.source})", flush=True)
     if ns.markexpr:
@@ -373,7 +373,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         args += ["-n", ns.workers, "--dist", "loadfile"]
     args += ns.pytest_args
     print(f"hvconform: run {run_id} on target {ns.target}; results in {out}", flush=True)
-    env = {**os.environ, ENV_CONTEXT: str(context_path)}
+    # gRPC core's INFO lines (fork_posix "skipping fork() handlers") are noise on the console.
+    env = {"GRPC_VERBOSITY": "ERROR", **os.environ, ENV_CONTEXT: str(context_path)}
     if cluster is not None and cluster.target == "cluster" and len(cluster.nodes) > 1:
         # a node pool: one suite process per node at once, the plugin deployed once for all
         return cluster_nodes.run(

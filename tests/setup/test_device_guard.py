@@ -10,8 +10,10 @@ bootstrap runs every apt install through it. The real /dev/kvm is checked unchan
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,3 +129,26 @@ def test_bootstrap_installs_only_through_the_guard() -> None:
     assert installs and all(ln.startswith("scripts/device-guard -- apt-get") for ln in installs)
     deps = (REPO / "conformance" / "targets" / "realnode" / "deps.py").read_text()
     assert '[str(GUARD), "--", "apt-get", "install"' in deps
+
+
+def test_the_conformance_bootstrap_needs_no_go_nor_container_engines(tmp_path: Path) -> None:
+    """`./dev conform` bootstraps only what the local target needs (issue 27: it stopped with
+    "go is needed" and installed chromium, podman, docker.io and debootstrap)."""
+    root = Path(__file__).resolve().parents[2]
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for tool in ("bash", "dpkg-query", "grep", "dirname", "id", "python3"):
+        found = shutil.which(tool)
+        assert found, tool
+        (bindir / tool).symlink_to(found)
+    env = {"PATH": str(bindir), "HOME": str(tmp_path), "HV_PYTHON": sys.executable}
+    conform = subprocess.run([str(root / "scripts" / "bootstrap"), "conform"], env=env,
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert conform.returncode == 0, conform.stderr
+    test = subprocess.run([str(root / "scripts" / "bootstrap"), "test"], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert test.returncode == 1 and "go is needed" in test.stderr, test.stderr
+    text = (root / "scripts" / "bootstrap").read_text()
+    conform_packages = text.split("if [[ $MODE == conform ]]; then", 1)[1].split("fi", 1)[0]
+    for heavy in ("docker.io", "podman", "chromium", "debootstrap"):
+        assert heavy not in conform_packages, heavy
