@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -83,9 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         "transitions": transitions,
         "samples": samples,
     }
-    tmp = Path(ns.out + ".tmp")
-    tmp.write_text(json.dumps(out))
-    tmp.replace(ns.out)
+    # Standard library only: the harness's safe writer, inline (fresh O_EXCL temp, no symlink).
+    tmp = f"{ns.out}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(out))
+    Path(tmp).replace(ns.out)
     return 0
 
 

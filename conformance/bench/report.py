@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from conformance.contract import strict_json
+from conformance.contract.safewrite import write_atomic
 
 SCHEMA = "hvconform-bench/1"
 REGRESSION = 0.20  # a figure more than 20 % worse than the old run is flagged
@@ -321,9 +322,7 @@ def write_reports(data: dict[str, Any], out: Path) -> tuple[Path, Path]:
     paths = (out / "bench.json", out / "bench.md")
     texts = (json.dumps(data, indent=2, sort_keys=False) + "\n", render_markdown(data))
     for path, text in zip(paths, texts, strict=True):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_atomic(path, text)
     return paths
 
 

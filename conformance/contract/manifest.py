@@ -18,6 +18,7 @@ import stat
 from pathlib import Path
 
 from conformance.contract import strict_json
+from conformance.contract.safewrite import write_atomic
 
 NAME = "manifest.json"
 SCHEMA = "hvconform-manifest/1"
@@ -64,10 +65,7 @@ def inventory(run_dir: Path) -> list[str]:
 
 def write(run_dir: Path, files: list[str]) -> Path:
     path = run_dir / NAME
-    tmp = path.with_name(NAME + ".tmp")
-    tmp.write_text(json.dumps({"schema": SCHEMA, "files": files}, indent=1) + "\n")
-    tmp.replace(path)
-    return path
+    return write_atomic(path, json.dumps({"schema": SCHEMA, "files": files}, indent=1) + "\n")
 
 
 def read(run_dir: Path) -> list[str] | None:

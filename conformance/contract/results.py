@@ -10,6 +10,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from conformance.contract.safewrite import write_atomic
+
 SCHEMA_VERSION = "1.1"  # results.schema.json; README "results.json" says what changed
 
 
@@ -109,7 +111,5 @@ def write_results(
         "checks": [c.to_json() for c in checks],
     }
     validate_results(data)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
     return data

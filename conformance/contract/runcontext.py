@@ -18,6 +18,7 @@ from typing import Any
 
 from conformance.contract.cluster_options import ClusterOptions
 from conformance.contract.plugin import PluginUnderTest
+from conformance.contract.safewrite import write_atomic
 
 FILE_NAME = "run-context.json"
 # How a pytest worker finds the context its controller was given (xdist starts workers with the
@@ -82,13 +83,7 @@ class RunContext:
     def write(self, path: Path | None = None) -> Path:
         """Write the context (atomically) into the run dir, or `path`; returns where."""
         dest = path or self.out / FILE_NAME
-        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(self.to_json(), fh, indent=2, sort_keys=True)
-            fh.write("\n")
-        tmp.replace(dest)
-        return dest
+        return write_atomic(dest, json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
 
 
 def read(path: Path | str) -> RunContext:

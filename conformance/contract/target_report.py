@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from conformance.contract.safewrite import write_atomic
+
 
 def current_check() -> str:
     """The check id of the running test, from PYTEST_CURRENT_TEST ('' outside a check's call:
@@ -45,9 +47,7 @@ class TargetReport:
 
     def write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, sort_keys=True) + "\n")
-        tmp.replace(self.path)
+        write_atomic(self.path, json.dumps(self.data, indent=2, sort_keys=True) + "\n")
 
 
 def merge_reports(out: Path, records: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from conformance.contract.safewrite import write_atomic
 from conformance.contract.strict_json import one_line
 from conformance.report import compare_model as cm
 from conformance.report import text
@@ -83,9 +84,12 @@ def compare(
     by_a = {c.id: c for c in side_a.view.checks}
     by_b = {c.id: c for c in side_b.view.checks}
     rows = []
+    budget = cm.MAX_FIGURES
     for check_id in cm.merged_ids(list(by_a), list(by_b)):
         ca, cb = by_a.get(check_id), by_b.get(check_id)
-        rows.append(cm.Row(check_id, ca, cb, cm.figures(ca, cb, threshold, floor_s)))
+        shown, hidden = cm.figures(ca, cb, threshold, floor_s, budget)
+        budget -= len(shown)
+        rows.append(cm.Row(check_id, ca, cb, shown, hidden))
     env = cm.side_by_side(cm.environment_of(a[0]), cm.environment_of(b[0]))
     return cm.CompareView(side_a, side_b, rows, env, threshold, floor_s)
 
@@ -107,9 +111,7 @@ def render_html(view: cm.CompareView) -> str:
 
 
 def _write(path: Path, content: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(content, encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, content)
 
 
 def _number(given: str, option: str, low: float, *, above: bool) -> float:

@@ -127,6 +127,7 @@ class Row:
     a: CheckView | None
     b: CheckView | None
     figures: list[Figure] = field(default_factory=list)
+    hidden: int = 0  # figures of this check not shown (the caps above)
 
     @property
     def title(self) -> str:
@@ -277,31 +278,64 @@ class CompareView:
     def figure_rows(self) -> list[tuple[Row, Figure]]:
         return [(r, f) for r in self.rows for f in r.figures]
 
+    @property
+    def hidden_figures(self) -> str:
+        """What the caps left out, said in the report ('' when nothing was)."""
+        hidden = sum(r.hidden for r in self.rows)
+        if not hidden:
+            return ""
+        return (
+            f"{hidden} more figures not shown (at most {MAX_FIGURES_PER_CHECK} per check, "
+            f"{MAX_FIGURES} in all)"
+        )
+
 
 def merged_ids(a: list[str], b: list[str]) -> list[str]:
     """Union of both id lists in catalogue order: A's order, B's extra ids after their B neighbour.
 
     Reporting may not import the catalogue; both runs record their checks in catalogue order, so
-    merging the two orders keeps it (a check only B knows lands where B ran it).
+    merging the two orders keeps it (a check only B knows lands where B ran it). Linear: B's
+    extra ids are attached to the A id they follow, then everything is laid out once.
     """
-    out = list(dict.fromkeys(a))
-    at = -1
+    order = list(dict.fromkeys(a))
+    known = set(order)
+    after: dict[str | None, list[str]] = {}
+    anchor: str | None = None
     for check_id in dict.fromkeys(b):
-        if check_id in out:
-            at = out.index(check_id)
+        if check_id in known:
+            anchor = check_id
         else:
-            at += 1
-            out.insert(at, check_id)
+            after.setdefault(anchor, []).append(check_id)
+    out = list(after.get(None, []))
+    for check_id in order:
+        out.append(check_id)
+        out += after.get(check_id, [])
     return out
 
 
+# The comparison's cost is bounded and stated: a check shows at most this many figures (a real
+# check records a dozen), the whole comparison at most MAX_FIGURES; what is left out is counted
+# in the report ("N more figures not shown"), never silently dropped. Work is linear in the input.
+MAX_FIGURES_PER_CHECK = 64
+MAX_FIGURES = 4096
+
+
 def figures(
-    a: CheckView | None, b: CheckView | None, threshold: float, floor_s: float
-) -> list[Figure]:
+    a: CheckView | None,
+    b: CheckView | None,
+    threshold: float,
+    floor_s: float,
+    budget: int = MAX_FIGURES_PER_CHECK,
+) -> tuple[list[Figure], int]:
+    """The figures of one check in the order the checks recorded them; at most `budget` of
+    them, and how many were left out."""
     ma = a.metrics if a is not None else {}
     mb = b.metrics if b is not None else {}
     names = list(dict.fromkeys([*ma, *mb]))
-    return [Figure(n, ma.get(n), mb.get(n), threshold, floor_s) for n in names]
+    shown = names[: max(0, min(budget, MAX_FIGURES_PER_CHECK))]
+    return [Figure(n, ma.get(n), mb.get(n), threshold, floor_s) for n in shown], len(names) - len(
+        shown
+    )
 
 
 def _profile(data: dict[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from conformance.contract import manifest
+from conformance.contract.safewrite import atomic_file
 
 SUMS = "SHA256SUMS"
 MAX_FILE_BYTES = 64 * 1024 * 1024  # per file: a plugin log of a long run is a few MiB
@@ -230,9 +231,8 @@ def bundle(
     chosen = with_extra(chosen, extra or {})
     sums = "".join(f"{_digest(run_dir, m)}  {m.name}\n" for m in chosen.members).encode()
     mtime = mtime_of(finished_at)
-    tmp = dest.with_name(dest.name + ".tmp")
     with (
-        tmp.open("wb") as raw,
+        atomic_file(dest) as raw,
         gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=mtime) as gz,
         tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
     ):
@@ -244,5 +244,4 @@ def bundle(
                 tar.addfile(_info(f"{prefix}/{member.name}", member.size, mtime), stream)
             finally:
                 os.close(fd)
-    tmp.replace(dest)
     return dest

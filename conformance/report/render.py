@@ -14,6 +14,7 @@ from markupsafe import Markup, escape
 from conformance.contract import strict_json
 from conformance.contract.manifest import ManifestError
 from conformance.contract.results import validate_results
+from conformance.contract.safewrite import write_atomic
 from conformance.report import evidence, junit, svg, text
 from conformance.report.model import ReportView, build
 from conformance.report.words import duration
@@ -101,10 +102,7 @@ def load_results(results_path: Path) -> dict[str, Any]:
 
 
 def _write(path: Path, text: str) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_atomic(path, text)
 
 
 def render_all(
