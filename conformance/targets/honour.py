@@ -31,6 +31,11 @@ def refusal(plugin: PluginUnderTest, target: str, runtime: str, *, image: str = 
             f"deploy: {who} has no deploy section (image, chart or manifests, pods); {where} "
             "runs a plugin from its image and objects (README: Testing your own plugin)"
         )
+    if target in CLUSTERS and not plugin.resource:
+        return (
+            f"resource: {who} does not declare the extended resource it advertises; {where} "
+            "requests it in workload pods and cannot watch the plugin's Register call"
+        )
     if image and not from_image:
         return f"--image: {where} runs the profile's command as a process, not an image"
     if target == "kind" and "/dev/mshv" in plugin.paths.devices:

@@ -61,7 +61,11 @@ class AksLifecycle(ClusterLifecycle):
 
     def prepare(self, rendered: list[Obj]) -> tuple[list[Obj], Layout]:
         return prepare(
-            rendered, pin_labels={RUN_LABEL: self.options.short_id}, taint=True, pods=self.pods
+            rendered,
+            pin_labels={RUN_LABEL: self.options.short_id},
+            taint=True,
+            pods=self.pods,
+            paths=self.plugin.paths,
         )
 
     def extra_namespaces(self) -> list[Obj]:

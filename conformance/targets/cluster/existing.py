@@ -146,7 +146,7 @@ class ExistingLifecycle(ClusterLifecycle):
     # -- hooks ----------------------------------------------------------------------------
 
     def prepare(self, rendered: list[Obj]) -> tuple[list[Obj], Layout]:
-        return prepare(rendered, isolate_host_view=False, pods=self.pods)
+        return prepare(rendered, isolate_host_view=False, pods=self.pods, paths=self.plugin.paths)
 
     def extra_namespaces(self) -> list[Obj]:
         return [diag_namespace(self.options)] if self.options.node_access == "pod" else []

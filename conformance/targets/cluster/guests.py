@@ -52,6 +52,8 @@ class GuestPods:
     _pods: dict[int, Obj]
     _serial: int
     _poll: float
+    resource: str
+    kubelet_root: str
 
     # -- workloads ------------------------------------------------------------------------
 
@@ -65,6 +67,7 @@ class GuestPods:
             self.options.device,
             taint=self.taint,
             guest=CAP_GUEST in self.capabilities,
+            resource=self.resource,
         )
         created = self.api.create(pod)
         status = wait_for(
@@ -165,7 +168,7 @@ class GuestPods:
         ns, name, uid = handle.split("/")
         pod = self.api.get("v1", "Pod", name, ns) or {}
         assert running(pod, "guest"), f"long-running guest {ns}/{name} is not running"
-        path = f"/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/state/counter.json"
+        path = f"{self.kubelet_root}/pods/{uid}/volumes/kubernetes.io~empty-dir/state/counter.json"
         data = self.files.read_path(path)
         try:
             return int(json.loads(data or b"{}")["counter"])

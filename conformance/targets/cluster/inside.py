@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from conformance.contract.node import CAP_DEVICE_REMAP, CAP_DEVICE_VIEW, CAP_READ_ONLY
 from conformance.targets.cluster.access import (
-    CDI_DIR,
     RO_STAGING,
     NodeAccess,
     NodeAccessError,
@@ -112,11 +111,11 @@ class InsideFaults:
         """The node's CDI dir (what the runtime and the checks read) and the plugin's view of
         it: both an empty read-only file system, then both back."""
         if read_only:
-            self.files.sh("ro-on", CDI_DIR, RO_STAGING)
+            self.files.sh("ro-on", self.files.dirs["cdi"], RO_STAGING)
             self._in("ro-empty", self.layout.mounts["cdi"])
         else:
             self._in("undo", self.layout.mounts["cdi"])
-            self.files.sh("ro-off", CDI_DIR, RO_STAGING)
+            self.files.sh("ro-off", self.files.dirs["cdi"], RO_STAGING)
 
     def inside_sockets(self, empty: bool) -> None:
         self._in("empty" if empty else "undo", self.layout.mounts["sockets"])

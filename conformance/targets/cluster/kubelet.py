@@ -11,9 +11,8 @@ import time
 
 from conformance.contract.nodeinit import KUBELET_LOG, KUBELET_PID
 from conformance.contract.wait import wait_for
-from conformance.targets.cluster.access import KUBELET_SOCKET_PATH, NodeAccess, NodeAccessError
+from conformance.targets.cluster.access import NodeAccess, NodeAccessError
 from conformance.targets.cluster.plan import ClusterOptions
-from conformance.targets.cluster.workloads import RESOURCE
 
 RESTART_DELAY_S = 0.5
 
@@ -23,8 +22,8 @@ KUBELET_STATE = (
     f'if {_HAS_INIT}; then pid=$(cat {KUBELET_PID}); [ -d "/proc/$pid" ] || pid=0; '
     "else pid=$(systemctl show -p MainPID --value kubelet); fi; "
     'printf "%s %s %s\\n" "$pid" '
-    f'"$(stat -c %.9Y {KUBELET_SOCKET_PATH} 2>/dev/null || echo 0)" "$(date +%s.%N)"'
-)
+    '"$(stat -c %.9Y "$1" 2>/dev/null || echo 0)" "$(date +%s.%N)"'
+)  # $1: the kubelet's registration socket, where this node keeps it
 # Detached and a little later: node access through the diagnostic pod is an exec the kubelet
 # carries, which the restart would cut before it could answer.
 KUBELET_RESTART = (
@@ -52,12 +51,14 @@ class KubeletControl:
     options: ClusterOptions
     _since: int
     _poll: float
+    resource: str
+    socket_path: str
 
     def _node(self, argv: list[str]) -> str:
         raise NotImplementedError
 
     def _kubelet_state(self) -> tuple[str, float, float]:
-        pid, sock, now = self._node(["sh", "-c", KUBELET_STATE]).split()
+        pid, sock, now = self._node(["sh", "-c", KUBELET_STATE, "sh", self.socket_path]).split()
         return pid, float(sock), float(now)
 
     def restart_kubelet(self, graceful: bool) -> float:
@@ -80,6 +81,6 @@ class KubeletControl:
         )
 
     def last_registration_at(self) -> float | None:
-        script = ["sh", "-c", REGISTRATIONS, "sh", str(self._since), RESOURCE]
+        script = ["sh", "-c", REGISTRATIONS, "sh", str(self._since), self.resource]
         line = self._node(script).strip()
         return to_monotonic(float(line.split()[0])) if line else None

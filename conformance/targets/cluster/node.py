@@ -9,6 +9,7 @@ onto this process's monotonic clock.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -30,6 +31,7 @@ from conformance.contract.node import (
     FileInfo,
     ReadStorm,
 )
+from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.quantity import quantity
 from conformance.contract.results import NotApplicable
 from conformance.contract.wait import wait_for
@@ -54,6 +56,7 @@ from conformance.targets.cluster.workloads import (
     variant_sockets_empty,
 )
 from plugin.api.names import SPEC_FILENAME
+from plugin.api.wire import DEVICE_PLUGIN_DIR, KUBELET_SOCKET
 
 SPEC_NAME = SPEC_FILENAME
 SENTINELS = {
@@ -75,8 +78,8 @@ PROCESS_STATUS = (
 class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
     """One node of a cluster, with the plugin deployed by the harness."""
 
-    resource = RESOURCE
-    spec_name = SPEC_NAME
+    resource = RESOURCE  # the plugin's own, from its profile (cluster targets need it declared)
+    spec_name = SPEC_NAME  # the plugin's own spec file: declared, or discovered at setup
 
     def __init__(
         self,
@@ -90,10 +93,21 @@ class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
         plugin_ds: Obj,
         deployer: Deployer,
         taint: bool,
+        plugin: PluginUnderTest | None = None,
     ) -> None:
         self.name = name
         self.api = api
         self.files = NodeFiles(access)
+        self.files.dirs["cdi"] = layout.node_dirs.get("cdi", CDI_DIR)
+        sockets = layout.node_dirs.get("sockets", DEVICE_PLUGIN_DIR)
+        self.kubelet_root = sockets.rsplit("/", 1)[0]
+        self.socket_path = f"{sockets}/{KUBELET_SOCKET}"
+        self.plugin = plugin
+        if plugin is not None and plugin.resource:
+            self.resource = plugin.resource
+        self.cdi_kind = plugin.cdi_kind if plugin is not None else None
+        if plugin is not None:
+            self.spec_name = plugin.cdi_spec or ""
         self.access = access
         self.options = options
         self.node_name = node_name
@@ -141,8 +155,11 @@ class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
         t = self.options.rollout_timeout
         wait_for(self.plugin_ready, t, "plugin readiness at node setup", self._poll)
         wait_for(lambda: self.allocatable() > 0, t, "allocatable > 0 at node setup", self._poll)
+        self.spec_name = self.spec_name or wait_for(
+            self._discover_spec, t, "the plugin's CDI spec file at setup", self._poll
+        )
         self.baseline_spec = wait_for(
-            lambda: self.read_file("cdi", SPEC_NAME),
+            lambda: self.read_file("cdi", self.spec_name),
             t,
             "the plugin's CDI spec at setup",
             self._poll,
@@ -155,6 +172,25 @@ class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
             allocation = self.allocate()
             if allocation.ok:
                 self.session_guest = self.start_long_guest(allocation)
+
+    def _discover_spec(self) -> str | None:
+        """The one spec file in the node's CDI dir (of the profile's CDI kind, if declared);
+        the sentinels are planted only after this."""
+        found = []
+        for name in self.files.list_files("cdi"):
+            data = self.read_file("cdi", name) or b""
+            try:
+                kind = json.loads(data).get("kind")
+            except (ValueError, AttributeError):
+                continue
+            if kind and (self.cdi_kind is None or kind == self.cdi_kind):
+                found.append(name)
+        if len(found) > 1:
+            raise AssertionError(
+                f"several CDI specs in {self.files.dirs['cdi']} ({', '.join(found)}): declare "
+                "the plugin's cdi.kind or cdi.spec in its profile"
+            )
+        return found[0] if found else None
 
     def teardown(self) -> None:
         """Workload pods gone and sentinels removed; the lifecycle's cleanup does the rest."""
@@ -227,7 +263,7 @@ class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
         assert area == "cdi", "only the CDI dir can be made read-only on a cluster node"
         if self.inside is not None:
             return self.inside_read_only(read_only)
-        self.files.sh("ro-on" if read_only else "ro-off", CDI_DIR, RO_STAGING)
+        self.files.sh("ro-on" if read_only else "ro-off", self.files.dirs["cdi"], RO_STAGING)
 
     def host_device_metadata(self) -> dict[str, int | str]:
         return self.files.device_metadata(self.options.device)
@@ -381,7 +417,7 @@ class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
 
     def _node_status(self, key: str) -> int:
         node = self.api.get("v1", "Node", self.node_name) or {}
-        return quantity(str(node.get("status", {}).get(key, {}).get(RESOURCE, "0")))
+        return quantity(str(node.get("status", {}).get(key, {}).get(self.resource, "0")))
 
     def capacity(self) -> int:
         return self._node_status("capacity")

@@ -118,7 +118,7 @@ class ClusterLifecycle:
     # -- hooks for the subclasses ---------------------------------------------------------
 
     def prepare(self, rendered: list[Obj]) -> tuple[list[Obj], Layout]:
-        return prepare(rendered, pods=self.pods)
+        return prepare(rendered, pods=self.pods, paths=self.plugin.paths)
 
     def extra_namespaces(self) -> list[Obj]:
         return []
@@ -231,6 +231,7 @@ class ClusterLifecycle:
             plugin_ds=self.plugin_ds,
             deployer=self.deployer,
             taint=self.taint,
+            plugin=self.plugin,
         )
         self.node.setup()
         self.report.environment.update(self.node.environment())

@@ -12,6 +12,7 @@ import copy
 from dataclasses import dataclass, field
 
 from conformance.contract.deploy import Pods
+from conformance.contract.plugin import Paths
 from conformance.targets.cluster.access import EMPTY_SOCKETS, HOST_VIEW
 from conformance.targets.cluster.kube import Obj
 from plugin.api.names import DEVICE_ACCESS_RESOURCE, HYPERVISOR_RESOURCE
@@ -44,6 +45,9 @@ class Layout:
     sockets_volume: str = ""
     # where the plugin container sees them (faults made inside its own mount namespace)
     mounts: dict[str, str] = field(default_factory=dict)  # "sockets", "cdi", "host_dev" -> path
+    # where the node keeps them (hostPath): a kubelet root other than /var/lib/kubelet (k0s,
+    # microk8s) or another CDI dir is read from the objects, never assumed
+    node_dirs: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -109,6 +113,18 @@ def _mount_of(container: Obj, volume: str) -> Obj:
     return next((m for m in container.get("volumeMounts", []) if m.get("name") == volume), {})
 
 
+def _role(host_path: str, mount_path: str, paths: Paths | None) -> str:
+    """What a hostPath volume is to the plugin: by where the profile says the plugin looks (its
+    in-container paths), else by the standard host paths."""
+    if host_path == "/dev":
+        return "host_dev"
+    if paths is not None and mount_path:
+        by_mount = {paths.device_plugin_dir: "sockets", paths.cdi_dir: "cdi"}
+        if mount_path.rstrip("/") in by_mount:
+            return by_mount[mount_path.rstrip("/")]
+    return {CDI_DYNAMIC_DIR: "cdi", DEVICE_PLUGINS_DIR: "sockets"}.get(host_path, "")
+
+
 def prepare(
     objects: list[Obj],
     *,
@@ -116,6 +132,7 @@ def prepare(
     taint: bool = False,
     isolate_host_view: bool = True,
     pods: Pods | None = None,
+    paths: Paths | None = None,
 ) -> tuple[list[Obj], Layout]:
     """Copy the rendered objects with the harness wiring applied; report what was found.
 
@@ -135,9 +152,11 @@ def prepare(
     )
     for vol in _pod_spec(ds).get("volumes", []):
         path = vol.get("hostPath", {}).get("path", "").rstrip("/")
-        role = {"/dev": "host_dev", CDI_DYNAMIC_DIR: "cdi", DEVICE_PLUGINS_DIR: "sockets"}.get(path)
-        if role and (where := _mount_of(container, vol["name"]).get("mountPath")):
+        where = _mount_of(container, vol["name"]).get("mountPath")
+        role = _role(path, str(where or ""), paths)
+        if role and where:
             layout.mounts[role] = str(where)
+            layout.node_dirs[role] = path
         if path == "/dev" and isolate_host_view:
             vol["hostPath"] = {"path": HOST_VIEW, "type": "Directory"}
             layout.host_view_isolated = True
@@ -146,10 +165,10 @@ def prepare(
                 "manifests applied unchanged: the plugin sees the node's real /dev; identity "
                 "faults are made only inside the plugin container, or not at all"
             )
-        elif path == CDI_DYNAMIC_DIR:
+        elif role == "cdi":
             prop = _mount_of(container, vol["name"]).get("mountPropagation", "None")
             layout.cdi_propagates = prop in ("HostToContainer", "Bidirectional")
-        elif path == DEVICE_PLUGINS_DIR:
+        elif role == "sockets":
             layout.sockets_volume = vol["name"]
     if not layout.host_view_isolated and not layout.notes:
         layout.notes.append("no hostPath /dev host-device view found: identity faults unavailable")
@@ -201,7 +220,15 @@ def _tolerations(taint: bool) -> list[Obj]:
 
 
 def workload_pod(
-    name: str, ns: str, node: str, image: str, device: str, *, taint: bool, guest: bool
+    name: str,
+    ns: str,
+    node: str,
+    image: str,
+    device: str,
+    *,
+    taint: bool,
+    guest: bool,
+    resource: str = RESOURCE,
 ) -> Obj:
     """Requests one hypervisor slot; runs the compute guest once, then the counter guest.
 
@@ -243,7 +270,7 @@ def workload_pod(
                     "image": image,
                     "imagePullPolicy": "IfNotPresent",
                     "command": ["sh", "-c", script, device],
-                    "resources": {"limits": {RESOURCE: "1"}, "requests": {RESOURCE: "1"}},
+                    "resources": {"limits": {resource: "1"}, "requests": {resource: "1"}},
                     "securityContext": {
                         "allowPrivilegeEscalation": False,
                         "readOnlyRootFilesystem": True,
