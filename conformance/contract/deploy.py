@@ -36,7 +36,7 @@ _LABEL_KEY = re.compile(
 )
 _LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 # Keys a chart's `values` map may use: a target name, or "*" for every target without its own.
-VALUES_KEYS = ("*", "kind", "aks", "aks-mshv", "cluster", "cluster-mshv", "node")
+VALUES_KEYS = ("*", "kind", "aks", "aks-mshv", "cluster", "cluster-mshv", "node", "local")
 _DEPLOY_KEYS = {"image", "chart", "manifests", "pods"}
 _CHART_KEYS = {"path", "values", "set"}
 _POD_KEYS = {"namespace", "labels", "container"}

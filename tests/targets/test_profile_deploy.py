@@ -60,6 +60,7 @@ def acme_profile(tmp_path: Path, **deploy: object) -> Path:
     profile = {
         "name": "acme-kvm",
         "command": ["/usr/bin/acme-kvm"],
+        "resource": "example.org/kvm",
         "deploy": {
             "image": IMAGE,
             "manifests": ["deploy/ds.yaml"],
@@ -136,6 +137,7 @@ def test_the_kind_dry_run_deploys_the_profiles_objects_and_image(tmp_path: Path)
     ("args", "needle"),
     [
         (["--target", "kind"], "deploy: plugin 'go-kvm'"),
+        (["--target", "kind", "--plugin-profile", "{no_resource}"], "resource: plugin 'acme'"),
         (["--target", "cluster", "--kubeconfig", "/dev/null", "--node", "n"], "deploy:"),
         (["--runtime", "container"], "--runtime container"),
         (["--image", "x.org/y:1"], "--image: --target local runs the profile's command"),
@@ -146,6 +148,10 @@ def test_a_target_that_cannot_run_the_profile_refuses_before_anything(
 ) -> None:
     no_deploy = tmp_path / "go-kvm.yaml"
     no_deploy.write_text("name: go-kvm\ncommand: [/bin/true]\n")
+    acme = yaml.safe_load(acme_profile(tmp_path).read_text())
+    acme.pop("resource")
+    (tmp_path / "acme.yaml").write_text(yaml.safe_dump({**acme, "name": "acme"}))
+    args = [a.replace("{no_resource}", str(tmp_path / "acme.yaml")) for a in args]
     proc = subprocess.run(
         [*HVCONFORM, "run", "--plugin-profile", str(no_deploy), "--reports-root",
          str(tmp_path / "reports"), *args],
