@@ -55,26 +55,33 @@ def kind_engine(what: str) -> DockerEngine:
 
 
 def copy_image(tag: str, source: DockerEngine, target: DockerEngine) -> str:
-    """`docker save | docker load` between the engines; returns what happened."""
+    """`docker save | docker load` between the engines; returns what happened. A tag already in
+    the target is kept only when it is the same image (same ID) as the source's: a mutable tag
+    such as the shipped profile's `hv-device-plugin:<version>` is re-tagged on every build, and
+    a stale copy would run an older plugin under the profile's name."""
     dst = target.client(timeout=600)
+    src = source.client(timeout=600)
     try:
         try:
-            dst.images.get(tag)
-            return "present"
+            image = src.images.get(tag)
         except docker.errors.ImageNotFound:
-            pass
-        src = source.client(timeout=600)
+            image = None
         try:
-            try:
-                image = src.images.get(tag)
-            except docker.errors.ImageNotFound:
-                raise RuntimeError(f"{tag} is in neither engine: run `nox -s image`") from None
-            t0 = time.monotonic()
-            dst.images.load(b"".join(image.save(named=True)))
-            return f"copied in {time.monotonic() - t0:.1f}s"
-        finally:
-            src.close()
+            present = dst.images.get(tag)
+        except docker.errors.ImageNotFound:
+            present = None
+        if image is None:
+            if present is not None:
+                return "present (not in the suite's engine)"
+            raise RuntimeError(f"{tag} is in neither engine: run `nox -s image`")
+        if present is not None and present.id == image.id:
+            return "present"
+        t0 = time.monotonic()
+        dst.images.load(b"".join(image.save(named=True)))
+        what = "replaced a different image" if present is not None else "copied"
+        return f"{what} in {time.monotonic() - t0:.1f}s"
     finally:
+        src.close()
         dst.close()
 
 
