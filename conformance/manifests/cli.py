@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--kubelet-root-dir",
         default=KUBELET_ROOT,
-        help="the nodes' kubelet --root-dir (k0s: /var/lib/k0s/kubelet; microk8s: "
+        help="host path of the nodes' kubelet state (microk8s snap: "
         "/var/snap/microk8s/common/var/lib/kubelet): the plugin registers in <root>/device-plugins",
     )
     parser.add_argument(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.contract.plugin import PluginUnderTest
+from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.runcontext import RunContext
 from conformance.targets.cluster.access import (
     CommandFailed,
@@ -43,6 +44,36 @@ from conformance.targets.cluster.run import (
 )
 
 CLUSTER_LABEL = "io.x-k8s.kind.cluster"  # kind labels each node container with its cluster
+# `nox -s kind-image`'s image, conformance.targets.kindnode.NODE_IMAGE (a test ties the two: the
+# cluster family may not import kindnode, which builds on the real node target).
+OFFLINE_NODE_IMAGE = "hv-kind.local/node:v1.37.2"
+# What `kind create cluster` prints when its node image is neither on this machine nor pullable:
+# kind's own "failed to pull image", and the engine's reasons (no registry reachable, no such
+# repository or tag). Any of them: the machine lacks the image, no check can say anything.
+_PULL_FAILURES = (
+    "no such host",
+    "pull access denied",
+    "manifest unknown",
+    "repository does not exist",
+    "unable to find image",
+    "failed to pull image",
+)
+
+
+def node_image_unpullable(stderr: str, node_image: str) -> str | None:
+    """The one-line environment_blocked reason when `kind create` failed because the node image
+    could not be pulled; None for any other failure (those are the run's own errors)."""
+    lines = [" ".join(ln.split()) for ln in stderr.splitlines() if ln.strip()]
+    for needle in _PULL_FAILURES:  # the most specific reason first, kind's wrapper last
+        seen = next((ln for ln in lines if needle in ln.lower()), None)
+        if seen is not None:
+            detail = seen.removeprefix("ERROR: ").removeprefix("Command Output: ")[:240]
+            return (
+                f"kind create cluster: node image {node_image} is not on this machine and "
+                f"cannot be pulled ({detail}); fix: build one offline: nox -s kind-image, "
+                f"then --node-image {OFFLINE_NODE_IMAGE}"
+            )
+    return None
 
 
 def kubelet_errors(journal: str, keep: int = 4) -> str:
@@ -186,10 +217,14 @@ class KindLifecycle(ClusterLifecycle):
 
     def _create(self, step: Step) -> None:
         """kind create; when it fails, the node's logs (kubelet, containerd, journal) are exported
-        before the armed kind-delete removes the node, and the error says where they are."""
+        before the armed kind-delete removes the node, and the error says where they are. A node
+        image that cannot be pulled is the machine's lack, not a failure: EnvironmentBlocked."""
         try:
             self.runner.run(list(step.argv))
         except CommandFailed as exc:
+            blocked = node_image_unpullable(exc.stderr, self.options.node_image)
+            if blocked is not None:  # no node was made: nothing to export, no check can run
+                raise EnvironmentBlocked(blocked) from None
             logs = Path(self.options.workdir) / f"kind-logs-{self.options.cluster_name}"
             export = ["kind", "export", "logs", str(logs), "--name", self.options.cluster_name]
             got = self.runner.run(export, timeout=180, check=False)

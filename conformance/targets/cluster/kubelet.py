@@ -24,6 +24,16 @@ KUBELET_STATE = (
     'printf "%s %s %s\\n" "$pid" '
     '"$(stat -c %.9Y "$1" 2>/dev/null || echo 0)" "$(date +%s.%N)"'
 )  # $1: the kubelet's registration socket, where this node keeps it
+# The kubelet's --root-dir (pods, emptyDir volumes): read from the running kubelet, since
+# distributions move it. The device-plugin socket dir does NOT follow it: the v1.37.2 kubelet
+# hard-codes /var/lib/kubelet/device-plugins (pkg/kubelet/cm/devicemanager/manager.go,
+# NewManagerImpl: pluginapi.KubeletSocket), which is why that dir comes from the objects.
+KUBELET_ROOT = (
+    f"if {_HAS_INIT}; then pid=$(cat {KUBELET_PID}); "
+    "else pid=$(systemctl show -p MainPID --value kubelet); fi; "
+    "root=$(tr '\\0' '\\n' < /proc/$pid/cmdline | sed -n 's/^--root-dir=//p' | tail -n 1); "
+    'echo "${root:-/var/lib/kubelet}"'
+)
 # Detached and a little later: node access through the diagnostic pod is an exec the kubelet
 # carries, which the restart would cut before it could answer.
 KUBELET_RESTART = (
@@ -56,6 +66,9 @@ class KubeletControl:
 
     def _node(self, argv: list[str]) -> str:
         raise NotImplementedError
+
+    def kubelet_root_dir(self) -> str:
+        return self._node(["sh", "-c", KUBELET_ROOT]).strip() or "/var/lib/kubelet"
 
     def _kubelet_state(self) -> tuple[str, float, float]:
         pid, sock, now = self._node(["sh", "-c", KUBELET_STATE, "sh", self.socket_path]).split()

@@ -33,6 +33,7 @@ from conformance.contract.node import (
 )
 from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.quantity import quantity
+from conformance.contract.ran import PluginRan
 from conformance.contract.results import NotApplicable
 from conformance.contract.wait import wait_for
 from conformance.targets.cluster.access import (
@@ -48,6 +49,7 @@ from conformance.targets.cluster.inside import InsideFaults
 from conformance.targets.cluster.kube import ApiError, KubeApi, Obj
 from conformance.targets.cluster.kubelet import KubeletControl
 from conformance.targets.cluster.plan import ClusterOptions
+from conformance.targets.cluster.ran import pod_ran
 from conformance.targets.cluster.rollout import Rollout
 from conformance.targets.cluster.workloads import (
     RESOURCE,
@@ -100,7 +102,7 @@ class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
         self.files = NodeFiles(access)
         self.files.dirs["cdi"] = layout.node_dirs.get("cdi", CDI_DIR)
         sockets = layout.node_dirs.get("sockets", DEVICE_PLUGIN_DIR)
-        self.kubelet_root = sockets.rsplit("/", 1)[0]
+        self.kubelet_root = "/var/lib/kubelet"  # read from the running kubelet at setup
         self.socket_path = f"{sockets}/{KUBELET_SOCKET}"
         self.plugin = plugin
         if plugin is not None and plugin.resource:
@@ -153,6 +155,7 @@ class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
 
     def setup(self) -> None:
         t = self.options.rollout_timeout
+        self.kubelet_root = self.kubelet_root_dir()
         wait_for(self.plugin_ready, t, "plugin readiness at node setup", self._poll)
         wait_for(lambda: self.allocatable() > 0, t, "allocatable > 0 at node setup", self._poll)
         self.spec_name = self.spec_name or wait_for(
@@ -397,6 +400,11 @@ class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
             return self.api.pod_log(self.layout.namespace, name, self.layout.container, tail=lines)
         except ApiError as exc:  # the kubelet serves logs: evidence must not hide the failure
             return f"(plugin log unavailable: {exc})"
+
+    def plugin_ran(self) -> PluginRan:
+        """What runs as the plugin, read back from its pod: the spec's image, command and args,
+        and the image ID the kubelet reports (conformance.targets.cluster.ran)."""
+        return pod_ran(self._pod(), self.layout.container)
 
     def plugin_cpu_seconds(self) -> float:
         cid = container_id(self._pod(), self.layout.container)
