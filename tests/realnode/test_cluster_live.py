@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conformance.targets.realnode import node_images, nodes, procs, stack
+from conformance.targets.realnode import NODE_NAME, node_images, nodes, procs, stack
 
 # Checks no route of this target can make (the reason is recorded with them).
 NOT_APPLICABLE = {"atomic-replacement", "optional-rpcs"}
@@ -51,7 +51,7 @@ def cluster() -> Iterator[dict[str, str]]:
 def _run(cluster: dict[str, str], out: Path, access: str, *extra: str) -> dict[str, Any]:
     argv = [
         sys.executable, "-m", "conformance.cli", "run", "--target", "cluster",
-        "--kubeconfig", cluster["kubeconfig"], "--node", nodes.NODE_NAME,
+        "--kubeconfig", cluster["kubeconfig"], "--node", NODE_NAME,
         "--node-access", access, "--image", cluster["plugin"], "--guest-image", cluster["guest"],
         "--diag-image", cluster["guest"], "--out", str(out), *extra,
     ]  # fmt: skip

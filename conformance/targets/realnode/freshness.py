@@ -21,7 +21,6 @@ from conformance.contract.wait import wait_for
 from conformance.targets.local.hostfiles import HostFiles
 from conformance.targets.realnode import NODE_NAME
 from conformance.targets.realnode.kubeapi import Api
-from plugin.api.names import HYPERVISOR_RESOURCE
 
 FRESH_MARGIN_S = 0.05  # a status this much after a change: the plugin's event path is ms
 FRESH_TIMEOUT_S = 15.0  # the kubelet writes one every second; 15 s without one is a dead kubelet
@@ -31,6 +30,7 @@ class FreshStatus(HostFiles):
     """HostFiles whose changes stamp the time; capacity and allocatable read after the stamp."""
 
     api: Api | None
+    resource: str  # the plugin's resource name (declared in its profile, or from its Register)
     _changed_at = 0.0
 
     def touched(self) -> None:
@@ -58,7 +58,7 @@ class FreshStatus(HostFiles):
             if self._changed_at
             else self._node_status()
         )
-        return quantity(status.get(key, {}).get(HYPERVISOR_RESOURCE, "0"))
+        return quantity(status.get(key, {}).get(self.resource, "0"))
 
     def capacity(self) -> int:
         return self._status("capacity")

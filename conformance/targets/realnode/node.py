@@ -1,12 +1,16 @@
 """The `node` target: the scenario catalogue against a real kubelet, API server and containerd.
 
 The stack (see `stack`) is reused when `nox -s node-up` already started it, else started here and
-stopped at teardown. The plugin under test runs as a host process on the kubelet's real plugin
-dir, writing CDI specs to the dir containerd reads (and nothing else does). Observations:
+stopped at teardown. The plugin under test runs as its profile describes it (`sandboxed`): its
+command as is, in its own mount and network namespaces, with the kubelet's real plugin dir, the
+CDI dir containerd reads (and nothing else does) and the host-device view bound where the
+profile says it looks; its health observed through the profile's probes. Observations:
 capacity/allocatable from the Node's status, allocations from pod status plus the podresources
 API plus the container's CRI config (the CDI names the kubelet handed to containerd), workload
-output from the container itself (`crictl exec`). Faults: files on this host, kubelet restart by
-process (SIGTERM or SIGKILL), plugin restart. One node per machine: run with `-n 1`.
+output from the container itself (`crictl exec`). Faults: files and mounts on this host, the
+plugin's own view inside its mount namespace, kubelet restart by process (SIGTERM or SIGKILL),
+plugin restart. After each check the node is restored (`restore`). One node per machine: run
+with `-n 1`.
 """
 
 from __future__ import annotations
@@ -14,11 +18,10 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import shlex
+import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -28,6 +31,7 @@ from typing import Any
 from conformance.contract.base import set_up
 from conformance.contract.ledger import mounts_at
 from conformance.contract.node import (
+    CAP_DEVICE_REMAP,
     CAP_DEVICE_VIEW,
     CAP_GUEST,
     CAP_KUBELET_CRASH,
@@ -36,13 +40,18 @@ from conformance.contract.node import (
     CAP_PLUGIN_RESTART,
     CAP_READ_ONLY,
     CAP_READ_STORM,
+    CAP_SOCKET_REDIRECT,
     Allocation,
     Area,
+    DeviceSpec,
     GuestOutcome,
 )
-from conformance.contract.runcontext import RunContext
+from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.results import EnvironmentBlocked
+from conformance.contract.runcontext import RunContext
 from conformance.contract.wait import wait_for
+from conformance.guest.cdi_resolve import resolve
+from conformance.targets.local.baseline import discover_spec
 from conformance.targets.local.hostfiles import device_metadata, mount, umount
 from conformance.targets.realnode import (
     BIN,
@@ -55,47 +64,56 @@ from conformance.targets.realnode import (
     stack,
 )
 from conformance.targets.realnode.configs import NAMESPACE, PKI, workload_pod
-from conformance.targets.realnode.freshness import FreshStatus
 from conformance.targets.realnode.kubeapi import Api, ApiError, PodResources
-from plugin.api.names import HYPERVISOR_RESOURCE, SPEC_FILENAME
+from conformance.targets.realnode.restore import RealRestore
+from conformance.targets.realnode.sandboxed import (
+    PLUGIN_LOG,
+    SandboxedPlugin,
+    make_shared,
+    observed_capabilities,
+)
 from plugin.api.wire import KUBELET_SOCKET
 
-RESOURCE = HYPERVISOR_RESOURCE
-SPEC_NAME = SPEC_FILENAME
 SETUP_TIMEOUT_S = 90.0
 POD_TIMEOUT_S = 60.0
 _REGISTERED = re.compile(
     r"^I(\d{4} \d{2}:\d{2}:\d{2}\.\d+).*Got registration request from device plugin"
 )
+_RESOURCE = re.compile(r'Got registration request from device plugin[^"]*" resourceName="([^"]+)"')
+BASE_CAPABILITIES = frozenset(
+    {
+        CAP_KUBELET_RESTART,
+        CAP_KUBELET_CRASH,
+        CAP_PLUGIN_RESTART,
+        CAP_READ_ONLY,
+        CAP_DEVICE_VIEW,
+        CAP_DEVICE_REMAP,
+        CAP_SOCKET_REDIRECT,
+        CAP_GUEST,
+        CAP_LONG_GUEST,
+        CAP_READ_STORM,
+    }
+)
 
 
-class RealNode(FreshStatus):
+class RealNode(RealRestore, SandboxedPlugin):
     name = "node"
-    resource = RESOURCE
-    spec_name = SPEC_NAME
-    capabilities = frozenset(
-        {
-            CAP_KUBELET_RESTART,
-            CAP_KUBELET_CRASH,
-            CAP_PLUGIN_RESTART,
-            CAP_READ_ONLY,
-            CAP_DEVICE_VIEW,
-            CAP_GUEST,
-            CAP_LONG_GUEST,
-            CAP_READ_STORM,
-        }
-    )
 
-    def __init__(self, *, out_dir: Path, worker: str, plugin_cmd: str) -> None:
+    def __init__(self, *, out_dir: Path, worker: str, plugin: PluginUnderTest) -> None:
         super().__init__(CDI_DIR, HOST_DEV)
-        self._init_host_node(out_dir, worker, plugin_cmd)
+        self._init_host_node(out_dir, worker, "")
+        self.state = RUN / f"harness-{worker}"  # the harness's own: holes, staging, read storms
+        self.workloads = RUN / "workloads"  # the workload pods' /state
+        self._init_plugin(plugin)
+        self.resource = plugin.resource or ""
+        self.spec_name = plugin.cdi_spec or ""
+        self.capabilities = BASE_CAPABILITIES | observed_capabilities(plugin)
         self.api: Api | None = None
         self.podresources = PodResources()
         self._own_stack = False
         self._pods: dict[int, str] = {}
         self._guests: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
         self._ro_mounts: list[Path] = []
-        self.state = RUN / "workloads"
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -116,108 +134,122 @@ class RealNode(FreshStatus):
             raise EnvironmentBlocked(
                 "a plugin already runs on the node (node-up --plugin): stop it"
             )
+        self.workloads.mkdir(parents=True, exist_ok=True)
+        self.workloads.chmod(0o777)
         self.state.mkdir(parents=True, exist_ok=True)
-        self.state.chmod(0o777)
+        self.ledger.record("dir", str(self.state), "the harness's own dir on the real node")
+        for shared in (CDI_DIR, HOST_DEV):
+            make_shared(shared)  # host-side faults reach the plugin's copy, as a hostPath
         for name, data in self.sentinels.items():
             self.write_file("cdi", name, data)
-        (procs.LOGS / "plugin.log").unlink(missing_ok=True)  # this run's plugin log only
+        PLUGIN_LOG.unlink(missing_ok=True)  # this run's plugin log only
+        self._alias_plugin_dir()
         self._start_plugin()
-        wait_for(self.plugin_ready, SETUP_TIMEOUT_S, "plugin ready at node setup")
+        self.resource = self.resource or wait_for(
+            self._registered_resource,
+            SETUP_TIMEOUT_S,
+            "the plugin's Register call at node setup",
+            interval=0.1,
+        )
+        wait_for(self._ready_or_dead, SETUP_TIMEOUT_S, "plugin ready at node setup", interval=0.05)
         wait_for(lambda: self.allocatable() > 0, SETUP_TIMEOUT_S, "allocatable > 0 at node setup")
-        self.baseline_spec = wait_for(lambda: self.read_file("cdi", SPEC_NAME), 30, "the CDI spec")
+        allocation = wait_for(
+            self._admitted, SETUP_TIMEOUT_S, "an Allocate at node setup", interval=0.5
+        )
+        self.spec_name = self.spec_name or discover_spec(self, allocation.cdi_devices)
+        if self.spec_name:
+            self.baseline_spec = wait_for(
+                lambda: self.read_file("cdi", self.spec_name), 30, "the plugin's CDI spec"
+            )
+            info = self.stat("cdi", self.spec_name)
+            self.baseline_mode = info.mode if info is not None else 0
+        if allocation.cdi_devices or allocation.device_specs:  # the runtime injects either
+            self.session_guest = self.start_long_guest(allocation)
+        else:
+            self.release(allocation)
+            self.capabilities -= {CAP_GUEST, CAP_LONG_GUEST}
+
+    def _registered_resource(self) -> str | None:
+        """The resource of the plugin's Register call, from the kubelet's log since its start."""
+        if not self.plugin_running():
+            raise RuntimeError(f"the plugin exited during node setup:\n{self.plugin_log_tail(20)}")
+        try:
+            with (procs.LOGS / "kubelet.log").open("rb") as log:
+                log.seek(self._kubelet_log_at)
+                found = _RESOURCE.findall(log.read().decode(errors="replace"))
+        except OSError:
+            return None
+        return str(found[-1]) if found else None
+
+    def _ready_or_dead(self) -> bool:
+        if not self.plugin_running():
+            raise RuntimeError(f"the plugin exited during node setup:\n{self.plugin_log_tail(20)}")
+        # Without an observable readiness, the kubelet's view is the readiness.
+        return self.plugin_ready() if self.readiness.observable else self.allocatable() > 0
+
+    def _admitted(self) -> Allocation | None:
         allocation = self.allocate()
         if allocation.ok:
-            self.session_guest = self.start_long_guest(allocation)
+            return allocation
+        self.release(allocation)
+        return None
 
     def teardown(self) -> None:
-        for proc, _ in self._guests.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-        self._guests.clear()
-        for pod in list(self._pods.values()):
-            self._delete_pod(pod)
-        self._pods.clear()
-        for mp in reversed(self._ro_mounts):
-            umount(mp)
-        if (p := procs.recorded("plugin")) is not None:
-            p.stop()
-            procs.forget("plugin")
-        log = procs.LOGS / "plugin.log"
-        if log.exists():
-            (self.out_dir / f"plugin-{self.worker}.log").write_bytes(log.read_bytes())
-        if self._own_stack:
-            left = stack.down()
-            if left:
-                raise RuntimeError(f"node-down left: {left}")
-        else:
-            for name in self.sentinels:
-                self.remove("cdi", name)
+        try:
+            for proc, _ in self._guests.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(10)
+            self._guests.clear()
+            for pod in list(self._pods.values()):
+                self._delete_pod(pod)
+            self._pods.clear()
+            for mp in reversed(self._ro_mounts):
+                umount(mp)
+            self._ro_mounts.clear()
+            self._stop_plugin()
+            self._unalias_plugin_dir()
+        finally:
+            if PLUGIN_LOG.exists():
+                (self.out_dir / f"plugin-{self.worker}.log").write_bytes(PLUGIN_LOG.read_bytes())
+            if self._own_stack:
+                left = stack.down()
+                if left:
+                    raise RuntimeError(f"node-down left: {left}")
+            else:
+                for name in self.sentinels:
+                    self.remove("cdi", name)
+                # never through a mount: the alias there is the kubelet's own plugin dir
+                if not stack.mounts_under((self.state,)):
+                    shutil.rmtree(self.state, ignore_errors=True)
 
     # -- storage --------------------------------------------------------------------------
 
     def set_storage_read_only(self, area: Area, read_only: bool) -> None:
-        target, staging = self.dirs[area], RUN / f"ro-{area}"
+        target, staging = self.dirs[area], self.state / f"ro-{area}"
         if read_only:
             staging.mkdir(exist_ok=True)
+            self._faults.add(f"read-only {area}")  # first: a half-made fault is still undone
             # the CDI dir is the stack's own tmpfs: the entry is gone when that one is back on top
             below = {mp: mounts_at(str(mp)) for mp in (staging, target)}
             mount(["-t", "tmpfs", "-o", "size=1m,mode=0755", "hv-ro", str(staging)])
+            self._ro_mounts.append(staging)
+            self.ledger.record(
+                "mount", str(staging), f"read-only storage fault below={below[staging]}"
+            )
             subprocess.run(["mount", "-o", "remount,ro", str(staging)], check=True)
-            mount(["--bind", str(staging), str(target)])
-            self._ro_mounts += [staging, target]
-            for mp in (staging, target):
-                self.ledger.record("mount", str(mp), f"read-only storage fault below={below[mp]}")
+            mount(["--bind", str(staging), str(target)])  # reaches the plugin's shared copy
+            self._ro_mounts.append(target)
+            self.ledger.record(
+                "mount", str(target), f"read-only storage fault below={below[target]}"
+            )
         else:
             for mp in (target, staging):
-                umount(mp)
-                self._ro_mounts.remove(mp)
+                if mp in self._ro_mounts:  # a half-made fault is undone as far as it got
+                    umount(mp)
+                    self._ro_mounts.remove(mp)
+            self._faults.discard(f"read-only {area}")
         self.touched()
-
-    # -- the plugin -------------------------------------------------------------------------
-
-    def _start_plugin(self) -> None:
-        proc = stack.start_plugin(self.plugin_cmd)
-        self.ledger.record_process(proc.pid, "plugin under test (host process)")
-
-    def _plugin(self) -> procs.Proc:
-        p = procs.recorded("plugin")
-        assert p is not None, "the plugin was never started"
-        return p
-
-    def _http_ok(self, path: str) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{stack.PLUGIN_HEALTH}{path}", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
-
-    def plugin_live(self) -> bool:
-        return self._http_ok("/healthz")
-
-    def plugin_ready(self) -> bool:
-        return self._http_ok("/readyz")
-
-    def plugin_instance(self) -> str:
-        return str(self._plugin().pid)
-
-    def restart_plugin(self) -> None:
-        self._plugin().stop()
-        self.touched()  # after the stop: the kubelet sees the old stream close at once
-        self._start_plugin()
-
-    def redirect_plugin_sockets(self, empty: bool) -> None:
-        raise NotImplementedError("socket-redirect needs the plugin's own mount namespace")
-
-    def remap_device_unusable(self, unusable: bool) -> None:
-        raise NotImplementedError("device-remap needs the plugin's own mount namespace")
-
-    def plugin_log_tail(self, lines: int = 50) -> str:
-        return procs.log_tail("plugin", lines)
-
-    def plugin_cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self._plugin().pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / 100.0
 
     # -- the kubelet ------------------------------------------------------------------------
 
@@ -241,10 +273,12 @@ class RealNode(FreshStatus):
         return made_wall - (time.time() - time.monotonic())
 
     def last_registration_at(self) -> float | None:
-        """When the kubelet last logged a registration request, on the monotonic clock."""
+        """When the kubelet last logged a registration request of the plugin's resource, on the
+        monotonic clock."""
         last = None
+        ours = f'resourceName="{self.resource}"'
         for line in procs.log_tail("kubelet", 5000).splitlines():
-            if m := _REGISTERED.match(line):
+            if (m := _REGISTERED.match(line)) and ours in line:
                 last = m.group(1)
         if last is None:
             return None
@@ -282,7 +316,7 @@ class RealNode(FreshStatus):
     def allocate(self) -> Allocation:
         assert self.api is not None
         name = f"hv-alloc-{uuid.uuid4().hex[:8]}"
-        body = workload_pod(name, RESOURCE, ["/pause"], self.state)
+        body = workload_pod(name, self.resource, ["/pause"], self.workloads)
         self.api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body)
 
         def settled() -> dict[str, Any] | None:
@@ -301,10 +335,14 @@ class RealNode(FreshStatus):
         if allocation.ok:
             for entry in self.podresources.pods():
                 if entry.name == name:
-                    allocation.device_ids = entry.devices.get(RESOURCE, [])
+                    allocation.device_ids = entry.devices.get(self.resource, [])
             info = json.loads(stack._crictl("inspect", self._container_id(name)).stdout)
             config = info.get("info", {}).get("config", {})
             allocation.cdi_devices = [d["name"] for d in config.get("CDI_devices", [])]
+            allocation.device_specs = [
+                DeviceSpec(d["container_path"], d["host_path"], d.get("permissions", ""))
+                for d in config.get("devices", [])
+            ]
         self._pods[id(allocation)] = name
         return allocation
 
@@ -313,14 +351,21 @@ class RealNode(FreshStatus):
         if name is not None:
             self._delete_pod(name)
 
+    def _device_in_workload(self, allocation: Allocation) -> str:
+        """Where the runtime put the hypervisor node: as the CDI spec says, else the DeviceSpec
+        (what any plugin's workload learns from its own image, never a variable one sets)."""
+        if allocation.cdi_devices:
+            return resolve(allocation.cdi_devices[0], [str(CDI_DIR)]).node_paths[0]
+        return allocation.device_specs[0].container_path if allocation.device_specs else ""
+
     def _exec(self, allocation: Allocation, argv: list[str]) -> list[str]:
         cid = self._container_id(self._pods[id(allocation)])
         return [*stack.crictl_argv(), "exec", cid, *argv]
 
     def run_guest(self, allocation: Allocation) -> GuestOutcome:
-        cmd = self._exec(
-            allocation, ["/usr/bin/python3", "-m", "conformance.guest", "run", "--json"]
-        )
+        device = self._device_in_workload(allocation)
+        argv = ["/usr/bin/python3", "-m", "conformance.guest", "run", "--json", "--device", device]
+        cmd = self._exec(allocation, argv)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
         value = json.loads(lines[-1]).get("value") if lines else None
@@ -329,7 +374,8 @@ class RealNode(FreshStatus):
 
     def start_long_guest(self, allocation: Allocation) -> str:
         handle = f"guest-{len(self._guests)}"
-        argv = ["/usr/bin/python3", "-m", "conformance.guest", "counter", "--device", "/dev/kvm",
+        device = self._device_in_workload(allocation)
+        argv = ["/usr/bin/python3", "-m", "conformance.guest", "counter", "--device", device,
                 "--state-file", f"/state/{handle}.json", "--interval", "0.05"]  # fmt: skip
         proc = subprocess.Popen(self._exec(allocation, argv), stdout=subprocess.DEVNULL)
         self.ledger.record_process(proc.pid, f"crictl exec of {handle}")
@@ -340,7 +386,7 @@ class RealNode(FreshStatus):
         proc, _ = self._guests[handle]
         assert proc.poll() is None, f"long-running guest {handle} exited {proc.returncode}"
         try:
-            return int(json.loads((self.state / f"{handle}.json").read_text())["counter"])
+            return int(json.loads((self.workloads / f"{handle}.json").read_text())["counter"])
         except (OSError, ValueError, KeyError):
             return 0
 

@@ -90,6 +90,16 @@ def start(
     return proc
 
 
+def record(name: str, pid: int) -> Proc:
+    """Record a process started elsewhere (the sandboxed plugin), so node-down stops it too."""
+    started = start_time(pid)
+    if started is None:
+        raise RuntimeError(f"{name} (pid {pid}) is not running")
+    PIDS.mkdir(parents=True, exist_ok=True)
+    (PIDS / f"{name}.json").write_text(json.dumps({"pid": pid, "started": started}))
+    return Proc(name, pid, started)
+
+
 def recorded(name: str) -> Proc | None:
     try:
         data = json.loads((PIDS / f"{name}.json").read_text())

@@ -3,7 +3,8 @@
 up: tmpfs CDI dir and host-device view -> containerd (CDI on, only our CDI dir; own root, state
 and socket) -> the offline image -> [etcd -> kube-apiserver -> kube-controller-manager ->
 kube-scheduler] -> the kubelet (registered as Node NODE_NAME, or standalone when there is no API
-server) -> optionally the plugin as a host process. No CNI: workloads are host-network pods.
+server) -> optionally a plugin from its profile (`--plugin [PROFILE]`, the shipped one by
+default; see sandboxed.start_in_host_network). No CNI: workloads are host-network pods.
 down: everything in reverse, by recorded pid; pod sandboxes removed through CRI; then mounts,
 directories, the kubelet's cgroups and log dirs; finally `verify_down` lists anything left.
 """
@@ -45,6 +46,7 @@ from conformance.targets.realnode.image import import_image
 from conformance.targets.realnode.kubeapi import Api, ApiError
 from conformance.targets.realnode.pki import kubeconfig, make_pki
 
+# node-up --plugin only: the node target's plugin has a network namespace of its own
 PLUGIN_HEALTH = "127.0.0.1:18080"
 LOG_DIRS = (Path("/var/log/pods"), Path("/var/log/containers"))
 ROOTS = (RUN, STATE, KUBELET_ROOT)
@@ -193,13 +195,7 @@ def _node_exists(api: Api) -> bool:
     return True
 
 
-def start_plugin(argv: list[str]) -> procs.Proc:
-    full = [*argv, "--device-plugin-dir", str(KUBELET_ROOT / "device-plugins"), "--cdi-dir",
-            str(CDI_DIR), "--host-dev-dir", str(HOST_DEV), "--health-addr", PLUGIN_HEALTH]  # fmt: skip
-    return procs.start("plugin", full)
-
-
-def up(*, standalone: bool = False, plugin: list[str] | None = None) -> Api | None:
+def up(*, standalone: bool = False) -> Api | None:
     missing = [n for n in ("kubelet", "crictl", "pause") if not (BIN / n).exists()]
     if missing:
         raise RuntimeError(f"not built: {', '.join(missing)} (run `nox -s node-build`)")
@@ -221,14 +217,6 @@ def up(*, standalone: bool = False, plugin: list[str] | None = None) -> Api | No
     _start_containerd()
     api = _start_control_plane() if with_api else None
     start_kubelet(api)
-    if plugin:
-        start_plugin(plugin)
-        _wait(
-            lambda: _http_ok(f"http://{PLUGIN_HEALTH}/readyz"),
-            60,
-            "plugin /readyz",
-            procs.recorded("plugin"),
-        )
     return api
 
 
@@ -255,7 +243,7 @@ def up_nodes(count: int) -> Api:
     return api
 
 
-def _mounts_under(roots: tuple[Path, ...]) -> list[str]:
+def mounts_under(roots: tuple[Path, ...]) -> list[str]:
     found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         point = line.split()[4].replace("\\040", " ")
@@ -294,7 +282,7 @@ def down() -> list[str]:
     for name in ORDER[2:]:
         if (p := procs.recorded(name)) is not None:
             p.stop()
-    for point in sorted(_mounts_under(ROOTS), key=len, reverse=True):
+    for point in sorted(mounts_under(ROOTS), key=len, reverse=True):
         if subprocess.run(["umount", point], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", point], capture_output=True)
     made = (RUN / "log-dirs-made").read_text().split() if (RUN / "log-dirs-made").exists() else []
@@ -345,7 +333,7 @@ def verify_down() -> list[str]:
     left = [f"process {pid} ({Path(f'/proc/{pid}/exe').resolve()})"
             for pid in procs.pids_with_exe_under(BIN) + procs.pids_with_exe_under(STATE)]  # fmt: skip
     left += [f"containerd shim {pid}" for pid in procs.pids_with_arg(str(CONTAINERD_SOCKET))]
-    left += [f"mount {m}" for m in _mounts_under(ROOTS)]
+    left += [f"mount {m}" for m in mounts_under(ROOTS)]
     left += [f"directory {r}" for r in ROOTS if r.exists()]
     left += [f"cgroup {c}" for c in _kubepods_cgroups()]
     left += [f"{tool} -t {table} chain {chain}" for tool, table, chain in _iptables_leftovers()]
@@ -356,22 +344,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hv-node", description="the real node: up or down")
     parser.add_argument("action", choices=("up", "down", "verify-down"))
     parser.add_argument("--standalone", action="store_true", help="kubelet without an API server")
-    parser.add_argument("--plugin", action="store_true", help="also run the plugin (host process)")
+    parser.add_argument("--plugin", nargs="?", const="", metavar="PROFILE",
+                        help="also run a plugin from its profile (default: the shipped one)")  # fmt: skip
     parser.add_argument(
         "--nodes", type=int, default=0, help="cluster mode: this many nodes of their own (1..8)"
     )
     args = parser.parse_args(argv)
     start = time.monotonic()
     if args.action == "up":
+        if args.plugin is not None:  # the profile needs the conformance extras; node-up does not
+            from conformance.contract.plugin import SHIPPED, ProfileError, load_profile
+            from conformance.targets.realnode.sandboxed import start_in_host_network
+
+            try:
+                plugin = load_profile(args.plugin or SHIPPED)
+            except ProfileError as exc:
+                print(f"node-up: {exc}", file=sys.stderr)
+                return 2
         try:
-            api = (
-                up_nodes(args.nodes)
-                if args.nodes
-                else up(
-                    standalone=args.standalone,
-                    plugin=[sys.executable, "-m", "plugin"] if args.plugin else None,
-                )
-            )
+            api = up_nodes(args.nodes) if args.nodes else up(standalone=args.standalone)
+            if args.plugin is not None and not args.nodes:
+                start_in_host_network(plugin, PLUGIN_HEALTH)
         except (RuntimeError, subprocess.CalledProcessError) as exc:
             print(f"node-up: FAILED: {exc}", file=sys.stderr)
             if "already up" not in str(exc):

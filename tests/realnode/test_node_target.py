@@ -1,0 +1,167 @@
+"""The real node target (`--target node`) runs a plugin as its profile describes it.
+
+A plugin with fixed standard paths (the Go fixture: /var/lib/kubelet/device-plugins, /var/run/cdi,
+gRPC Health only, its own resource and CDI kind) is certified on the real kubelet: every check
+that the target can make passes, none is not_applicable for want of directory flags, and a
+defect is still caught there (faults reach the plugin's own mount namespace). The unit half
+needs no node; the live half needs the node built (`nox -s node-build`; skipped with that
+reason when it is not, as on a fresh CI machine) and starts the node itself unless `nox -s
+node-up` already did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conformance.contract.node import (
+    CAP_DEVICE_REMAP,
+    CAP_LIVENESS,
+    CAP_READINESS,
+    CAP_SOCKET_REDIRECT,
+)
+from conformance.contract.plugin import SHIPPED, Probe, load_profile
+from conformance.targets.realnode import BIN, CDI_DIR, HOST_DEV, PLUGIN_DIR, REPO, procs
+from conformance.targets.realnode.node import RealNode
+from conformance.targets.realnode.sandboxed import (
+    host_network_argv,
+    observed_capabilities,
+    plugin_binds,
+)
+from tests.fixture_plugins import build_go_kvm
+
+GO_KVM = REPO / "fixtures" / "plugins" / "go-kvm" / "profile.yaml"
+# What the node target cannot make for any plugin: it deploys no DaemonSet to roll, and it does
+# not see the plugin's GetPreferredAllocation answer to the kubelet. The Go fixture declares
+# no optional RPC anyway.
+NOT_APPLICABLE = {"rollout-safety", "optional-rpcs"}
+
+
+def test_fixed_path_plugin_gets_the_node_dirs_where_it_looks() -> None:
+    plugin = load_profile(GO_KVM)
+    assert plugin_binds(plugin) == [
+        (str(PLUGIN_DIR), "/var/lib/kubelet/device-plugins"),
+        (str(CDI_DIR), "/var/run/cdi"),
+    ]
+    shipped = load_profile(SHIPPED)
+    assert (str(HOST_DEV), "/host-dev") in plugin_binds(shipped)
+
+
+def test_the_command_runs_as_is_nothing_appended() -> None:
+    for profile in (GO_KVM, SHIPPED):
+        plugin = load_profile(profile)
+        argv = host_network_argv(plugin, "127.0.0.1:18080")
+        assert argv[argv.index("--") + 1 :] == plugin.argv("127.0.0.1:18080")
+        for flag in ("--device-plugin-dir", "--cdi-dir"):
+            assert flag not in argv
+    # a top-level directory (/host-dev) only exists in a staged root
+    assert "--stage-root" in host_network_argv(load_profile(SHIPPED), "127.0.0.1:1")
+    assert "--stage-root" not in host_network_argv(load_profile(GO_KVM), "127.0.0.1:1")
+
+
+def test_health_is_a_capability_only_when_the_profile_can_observe_it(tmp_path: Path) -> None:
+    plugin = load_profile(GO_KVM)
+    assert observed_capabilities(plugin) == {CAP_READINESS, CAP_LIVENESS}
+    blind = replace(plugin, readiness=Probe(), liveness=Probe())
+    assert observed_capabilities(blind) == frozenset()
+    node = RealNode(out_dir=tmp_path, worker="t", plugin=blind)
+    assert not {CAP_READINESS, CAP_LIVENESS} & node.capabilities
+    # faults of the plugin's own view are made in its mount namespace, whatever its paths
+    assert {CAP_SOCKET_REDIRECT, CAP_DEVICE_REMAP} <= node.capabilities
+    assert node.resource == "example.org/kvm"  # declared in the profile
+    undeclared = replace(load_profile(SHIPPED), resource=None, cdi_kind=None, cdi_spec=None)
+    shipped = RealNode(out_dir=tmp_path, worker="u", plugin=undeclared)
+    assert shipped.resource == "" and shipped.spec_name == ""  # discovered from the plugin
+    assert {CAP_READINESS, CAP_LIVENESS} <= shipped.capabilities  # its http probes
+
+
+# -- live -------------------------------------------------------------------------------------
+
+
+def _kvm() -> tuple[int, int, int, int]:
+    st = os.stat("/dev/kvm")
+    return st.st_mode, st.st_uid, st.st_gid, st.st_rdev
+
+
+@pytest.fixture(scope="module")
+def node_built() -> None:
+    missing = [n for n in ("kubelet", "kube-apiserver", "etcd", "crictl") if not (BIN / n).exists()]
+    if missing:
+        pytest.skip(f"the node is not built ({', '.join(missing)}): run `nox -s node-build`")
+    if (p := procs.recorded("plugin")) is not None and p.alive:
+        pytest.skip("node-up --plugin runs a plugin on the node: `nox -s node-down` first")
+
+
+def _variant(tmp_path: Path, env: dict[str, str]) -> Path:
+    """The fixture's profile with its defect switched on (its deploy section left out: the node
+    target runs the command)."""
+    build_go_kvm()
+    data = yaml.safe_load(GO_KVM.read_text())
+    data["command"] = [str(GO_KVM.parent / "bin" / "go-kvm"), "-v=2"]
+    data["env"] = env
+    data.pop("deploy", None)
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _run(tmp_path: Path, profile: Path, *extra: str) -> dict[str, Any]:
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "conformance.cli", "run", "--target", "node", "--out", str(out),
+            "--reports-root", str(tmp_path), "--plugin-profile", str(profile), *extra]  # fmt: skip
+    before = _kvm()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1500, cwd=REPO)
+    assert _kvm() == before, "/dev/kvm changed"
+    results = out / "results.json"
+    assert results.exists(), proc.stdout[-3000:] + proc.stderr[-2000:]
+    data: dict[str, Any] = json.loads(results.read_text())
+    data["_output"] = proc.stdout[-4000:] + proc.stderr[-2000:]
+    return data
+
+
+def _statuses(data: dict[str, Any]) -> dict[str, str]:
+    return {c["id"]: c["status"] for c in data["checks"]}
+
+
+@pytest.mark.root
+@pytest.mark.kvm
+@pytest.mark.slow
+@pytest.mark.timeout(1600)
+def test_a_fixed_path_plugin_is_certified_on_the_real_kubelet(
+    node_built: None, tmp_path: Path
+) -> None:
+    build_go_kvm()
+    data = _run(tmp_path, GO_KVM)
+    got = _statuses(data)
+    want = {check: "not_applicable" if check in NOT_APPLICABLE else "passed" for check in got}
+    assert got == want, data["_output"]
+    assert {"cdi-missing", "registration-failure", "device-unusable", "cleanup"} <= set(got)
+    # what ran, read back from the kernel, is the profile's command, unchanged
+    plugin = load_profile(GO_KVM)
+    for read in data["run"]["plugin_ran"]:
+        assert read["how"] == "process", read
+        assert read["argv"] == plugin.argv() and read["exe"] == plugin.argv()[0], read
+    by_id = {c["id"]: c for c in data["checks"]}
+    assert by_id["restart-kubelet"]["metrics"]["reregistration_s"] < 5
+
+
+@pytest.mark.root
+@pytest.mark.kvm
+@pytest.mark.slow
+def test_a_plugin_that_never_probes_fails_device_unusable_there(
+    node_built: None, tmp_path: Path
+) -> None:
+    profile = _variant(tmp_path, {"GOKVM_DEFECT": "no-probe"})
+    data = _run(tmp_path, profile, "-m", "identity", "--recovery-timeout", "10")
+    got = _statuses(data)
+    assert got["device-unusable"] == "failed", data["_output"]
+    assert got["cleanup"] == "passed", data["_output"]
+    assert "not_applicable" not in {got["identity-missing"], got["device-unusable"]}
