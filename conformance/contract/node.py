@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from conformance.contract.ran import PluginRan
 from conformance.contract.results import NotApplicable
 
 Area = Literal["cdi", "host_dev"]
@@ -121,6 +122,9 @@ class Node(Protocol):
     def remap_device_unusable(self, unusable: bool) -> None: ...
     def plugin_log_tail(self, lines: int = 50) -> str: ...
     def plugin_cpu_seconds(self) -> float: ...
+    # What really runs as the plugin, read back from the running process or pod (never from
+    # the profile): results.json records it and a read-back that contradicts the profile fails.
+    def plugin_ran(self) -> PluginRan: ...
 
     # the kubelet
     def restart_kubelet(self, graceful: bool) -> float: ...  # monotonic time it was back

@@ -365,6 +365,7 @@ _PROFILE_LABELS = {
     "resource": "Resource",
     "cdi_kind": "CDI kind",
     "image": "Plugin image",
+    "this_repository": "This repository's plugin",
 }
 
 

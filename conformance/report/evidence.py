@@ -38,7 +38,7 @@ CHUNK = 256 * 1024
 # What a run writes when no manifest lists it (see conformance.suite.pytest_plugin and targets).
 LAYOUT = (
     "results.json", "pytest-junit.xml", "plugin-*.log", "cluster-*.json", "cluster/commands.log",
-    "evidence/*", "ledger/*.jsonl", "metadata/*.json", "targets/*.json",
+    "evidence/*", "ledger/*.jsonl", "metadata/*.json", "targets/*.json", "plugin-ran/*.json",
 )  # fmt: skip
 CREDENTIALS = (
     "kubeconfig*", "*.key", "*.pem", "*.p12", "*.pfx", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.contract import manifest
-from conformance.report import env_facts, text, words
+from conformance.report import env_facts, plugin_facts, text, words
 
 LEDGER_MAX_BYTES = 16 * 1024 * 1024  # per ledger file read for the cleanup summary
 NOT_RUN = "not_run"
@@ -256,11 +256,7 @@ def environment_rows(env: dict[str, Any], run: dict[str, Any]) -> list[tuple[str
     rows.append(("Kernel", f"{env.get('kernel', 'unknown')} ({env.get('machine', '?')})"))
     rows.append(("Distribution", str(env.get("distribution", "unknown"))))
     rows.append(("Python", str(env.get("python", "unknown"))))
-    plugin = f"version {env.get('plugin_version', 'unknown')}"
-    plugin += f", source commit {env.get('source_commit', 'unknown')}"
-    rows.append(("Plugin", plugin))
-    if run.get("plugin_cmd"):
-        rows.append(("Plugin command", str(run["plugin_cmd"])))
+    rows += plugin_facts.rows(env, run)  # which plugin, and what really ran as it
     if "cpu_count" in env or "memory_gib" in env:
         used.update({"cpu_count", "memory_gib"})
         rows.append(("Machine size", f"{env.get('cpu_count')} CPUs, {env.get('memory_gib')} GiB"))

@@ -145,6 +145,7 @@ def _state_phrases(metrics: Mapping[str, Metric], used: set[str]) -> list[str]:
         ("ledger_entries", "ledger entry", "ledger entries"),
         ("survivors", "survivor", "survivors"),
         ("nodes", "node checked", "nodes checked"),
+        ("read_backs", "read-back of the running plugin", "read-backs of the running plugin"),
     )
     states = (
         ("guest_counter", "the running guest kept counting (reached {})"),

@@ -1,7 +1,9 @@
 """The exact environment of a run: kernel, distribution, cgroup version and driver, Python, the
-plugin's and the suite's versions, the source commit; then what the target family adds
-(`environment(target, runtime)` of its preflight module: component versions asked from the
-binaries, the cgroup driver its kubelet uses) and every precondition finding."""
+suite's version and its checkout's source commit, the plugin's version when the plugin under test
+is this repository's (a third-party plugin's identity is what ran: run.plugin_ran); then what
+the target family adds (`environment(target, runtime)` of its preflight module: component
+versions asked from the binaries, the cgroup driver its kubelet uses) and every precondition
+finding."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.contract import hostfacts
+from conformance.contract.plugin import SHIPPED, PluginUnderTest, load_profile
 from conformance.suite import preflight as preconditions
 from conformance.targets import UnknownTarget, preflight
 from plugin.api.names import installed_version
@@ -51,6 +54,20 @@ def source_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out + ("-dirty" if dirty else "")
+
+
+def ours(plugin: PluginUnderTest) -> bool:
+    """The plugin under test is this repository's: the shipped profile's plugin and command."""
+    shipped = load_profile(SHIPPED)
+    return plugin.name == shipped.name and plugin.command == shipped.command
+
+
+def plugin_version(plugin: PluginUnderTest) -> str:
+    """This checkout's version for this repository's plugin; a third-party plugin's version is
+    not ours to state (what ran, read back from it, is in run.plugin_ran)."""
+    if ours(plugin):
+        return installed_version()
+    return "unknown: not this repository's plugin (what ran: run.plugin_ran)"
 
 
 def _device(path: str) -> dict[str, Any]:

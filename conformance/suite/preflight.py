@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 from conformance.contract import runcontext
-
 from conformance.contract.preconditions import (
     BLOCKED_ENV,
     EXIT_ENVIRONMENT_BLOCKED,

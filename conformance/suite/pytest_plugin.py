@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 
 from conformance.contract import runcontext
-from conformance.contract.ledger import read_entries, survivors
 from conformance.contract.node import Node
-from conformance.contract.runcontext import RunContext
+from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
 from conformance.contract.results import (
     CheckRecord,
     EnvironmentBlocked,
@@ -28,10 +27,11 @@ from conformance.contract.results import (
     TimelineEvent,
     write_results,
 )
+from conformance.contract.runcontext import RunContext
 from conformance.contract.target_report import merge_reports
 from conformance.metadata.twophase import TwoPhase
 from conformance.scenarios import BY_ID, CATALOGUE, CLEANUP, Check
-from conformance.suite import environment, preflight
+from conformance.suite import environment, identity, preflight, session_checks
 from conformance.targets import open_target
 
 USER_PROP = "hv_check"
@@ -87,6 +87,9 @@ def node(request: pytest.FixtureRequest) -> Iterator[Node]:
     # is not on this host, so there is nothing here to check.
     two_phase = None if target == "aks" else TwoPhase("/dev/kvm")
     local_phases = target in ("local", "node")
+    # What runs as the plugin, read back once the node is up and once at the end, and how the
+    # node's setup ended when it never came up (conformance.suite.identity).
+    outcome = identity.NodeOutcome(run_dir(), worker_id(config), target)
     if two_phase is not None and local_phases:
         two_phase.snapshot_original()
     try:
@@ -95,12 +98,20 @@ def node(request: pytest.FixtureRequest) -> Iterator[Node]:
         ) as target_node:
             if two_phase is not None and local_phases:
                 two_phase.check_startup(None)  # no udev on these nodes: unchanged is the rule
+            outcome.came_up(target_node)
             yield target_node
+            outcome.read(target_node, "end")
     except NotApplicable as exc:
+        outcome.ended(Status.NOT_APPLICABLE.value, str(exc))
         pytest.skip(f"{Status.NOT_APPLICABLE.value}: {exc}")
     except EnvironmentBlocked as exc:
+        outcome.ended(Status.ENVIRONMENT_BLOCKED.value, str(exc))
         pytest.skip(f"{Status.ENVIRONMENT_BLOCKED.value}: {exc}")
+    except BaseException as exc:
+        outcome.ended("error", f"{type(exc).__name__}: {exc}")
+        raise
     finally:
+        outcome.write()
         if two_phase is not None:
             if local_phases:
                 two_phase.check_final()
@@ -242,68 +253,9 @@ def _progress(config: pytest.Config, run: dict[str, Any], record: dict[str, Any]
     line += f" ({metrics})" if metrics else ""
     line += f" - {record['reason']}" if record.get("reason") else ""
     if tr is not None:
+        if getattr(tr._tw, "width_of_current_line", 0):  # after pytest's "s" or "[100%]"
+            tr._tw.line()
         tr.write_line(line)
-
-
-def _cleanup_record(out: Path) -> dict[str, Any]:
-    ledgers = sorted((out / "ledger").glob("*.jsonl"))
-    entries = read_entries(ledgers)
-    left = survivors(entries)
-    record = CheckRecord(CLEANUP.id, CLEANUP.marker, CLEANUP.title)
-    record.metrics = {"ledger_entries": len(entries), "survivors": len(left)}
-    if not entries:
-        record.status, record.reason = preflight.nothing_created()
-    elif left:
-        record.status = Status.FAILED.value
-        record.reason = "left behind: " + "; ".join(f"{e.kind} {e.ident}" for e in left[:10])
-    return record.to_json()
-
-
-def _metadata_record(out: Path) -> dict[str, Any] | None:
-    summaries = sorted((out / "metadata").glob("*.json"))
-    if not summaries:
-        return None
-    record = CheckRecord("metadata-two-phase", "metadata", "Host device metadata, two phases")
-    failures = []
-    for path in summaries:
-        summary = json.loads(path.read_text())
-        record.evidence.append(f"metadata/{path.name}")
-        for phase in ("startup", "final"):
-            verdict = summary[phase]["verdict"] or {"status": "error", "message": "not run"}
-            record.notes.append(f"{path.stem} {phase}: {verdict['message']}")
-            if verdict["status"] != "accepted":
-                failures.append(f"{path.stem} {phase}: {verdict['message']}")
-    record.metrics = {"nodes": len(summaries)}
-    if failures:
-        record.status, record.reason = Status.FAILED.value, "; ".join(failures)
-    return record.to_json()
-
-
-def _cluster_report(out: Path, records: dict[str, Any]) -> dict[str, Any]:
-    """kind/aks write cluster-<target>.json: its environment, and whether cleanup verified."""
-    reports = sorted(out.glob("cluster-*.json"))
-    if not reports:
-        return {}
-    data: dict[str, Any] = json.loads(reports[0].read_text())
-    checks = data.get("verification", {})
-    cleanup = records.get(CLEANUP.id)
-    if cleanup is not None and not data.get("cleanup_ok", True):
-        failed = [f"{name}: {v.get('detail', '')}" for name, v in checks.items() if not v.get("ok")]
-        cleanup["status"] = Status.FAILED.value
-        cleanup["reason"] = "cluster cleanup not verified: " + (
-            "; ".join(failed[:5]) or "see " + reports[0].name
-        )
-    elif cleanup is not None and cleanup["status"] == Status.SKIPPED.value and checks:
-        # No ledger on a cluster: what the run put there was verified gone by the cluster
-        # lifecycle instead. A recorded contract (a fake cloud) verifies nothing live.
-        cleanup["notes"] = [f"{name}: {v.get('detail', '')}" for name, v in checks.items()]
-        cleanup["metrics"]["cluster_verifications"] = len(checks)
-        if data.get("contract") or data.get("environment", {}).get("contract"):
-            cleanup["reason"] = "cluster cleanup checked against a recorded contract, not live"
-        else:
-            cleanup["status"], cleanup["reason"] = Status.PASSED.value, ""
-    env: dict[str, Any] = data.get("environment", {})
-    return env
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -314,15 +266,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     ctx = context()
     out = ctx.out
     records = run["records"]
-    if records:
-        records[CLEANUP.id] = _cleanup_record(out)
-        metadata = _metadata_record(out)
-        if metadata is not None:
-            records[metadata["id"]] = metadata
+    # cleanup, metadata-two-phase and plugin-identity, once every worker is done
+    cluster, blocked = session_checks.decide(out, records, ctx.plugin)
+    for check_id in session_checks.ORDER:  # on the console as every check is
+        if check_id in records:
+            run["done"] += 1
+            _progress(config, run, records[check_id])
     # What the targets saw (image IDs, runtime inspection, guest runs), per worker.
     targets = merge_reports(out, records)
-    cluster = _cluster_report(out, records)
-    order = [c.id for c in CATALOGUE] + ["metadata-two-phase", CLEANUP.id]
+    order = [c.id for c in CATALOGUE] + list(session_checks.ORDER)
     checks = [
         CheckRecord(**{**r, "timeline": [TimelineEvent(**t) for t in r.get("timeline", [])]})
         for r in sorted(records.values(), key=lambda r: order.index(r["id"]))
@@ -334,6 +286,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     failed = any(c.status == Status.FAILED.value for c in checks)
     if failed and session.exitstatus == 0:
         session.exitstatus = 1
+    if blocked and session.exitstatus == 0:  # no node came up for want of something: never a pass
+        session.exitstatus = EXIT_ENVIRONMENT_BLOCKED
+        run["blocked"] = blocked
     counts: dict[str, int] = {}
     for c in checks:
         counts[c.status] = counts.get(c.status, 0) + 1
@@ -349,7 +304,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             "duration_s": round(finished - run["started"], 3),
             "exit_code": int(session.exitstatus),
             "plugin_cmd": ctx.plugin.summary()["command"],
-            "plugin": ctx.plugin.summary(),
+            "plugin": {**ctx.plugin.summary(), "this_repository": environment.ours(ctx.plugin)},
+            "plugin_ran": identity.plugin_ran(out),
             "markexpr": config.getoption("-m") or "",
             "counts": counts,
             "workers": str(config.getoption("numprocesses", None) or 0),
@@ -367,8 +323,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         },
         environment={
             **environment.collect_for(ctx.target, ctx.runtime),
+            "plugin_version": environment.plugin_version(ctx.plugin),
             **({"targets": targets} if targets else {}),
             **({"cluster": cluster} if cluster else {}),
         },
         checks=checks,
     )
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """A run whose nodes never came up for want of something says so once, as preflight does."""
+    line = config.stash[_RUN].get("blocked", "") if _RUN in config.stash else ""
+    if line and not preflight.blocked_line():
+        terminalreporter.write_line(f"hvconform: environment blocked, no check ran: {line}")

@@ -12,7 +12,7 @@ import pytest
 
 from conformance.contract.results import CheckRecord, Status
 from conformance.scenarios import CLEANUP
-from conformance.suite.pytest_plugin import _cluster_report
+from conformance.suite.session_checks import cluster_report as _cluster_report
 
 VERIFIED = {
     "objects deleted": {"ok": True, "detail": "7 created, still present: none"},

@@ -15,7 +15,7 @@ from conformance.contract.results import validate_results
 from conformance.scenarios import CATALOGUE
 
 ROOT = Path(__file__).resolve().parents[2]
-EVERY_CHECK = [c.id for c in CATALOGUE] + ["metadata-two-phase", "cleanup"]
+EVERY_CHECK = [c.id for c in CATALOGUE] + ["metadata-two-phase", "plugin-identity", "cleanup"]
 
 
 def hvconform(tmp_path: Path, *args: str, plugin: str = "") -> tuple[int, dict[str, Any], str]:
@@ -29,12 +29,12 @@ def hvconform(tmp_path: Path, *args: str, plugin: str = "") -> tuple[int, dict[s
         str(out),
         "--reports-root",
         str(tmp_path),
-        *args,
     ]
     if plugin:
         # The plugin runs with its own working dir: the mutants are found through PYTHONPATH.
         argv = ["env", f"PYTHONPATH={ROOT}", sys.executable, "-m", plugin]
         cmd += ["--plugin-cmd", shlex.join(argv)]  # a checkout path may hold a space
+    cmd += args  # last: pytest's own arguments follow "--"
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     results = out / "results.json"
     data = json.loads(results.read_text()) if results.exists() else {}

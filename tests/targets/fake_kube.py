@@ -74,6 +74,7 @@ class KubeState:
                     "restartCount": 0,
                     "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}},
                     "containerID": f"containerd://{hashlib.sha256(str(self.serial).encode()).hexdigest()}",
+                    **image_status(str(c.get("image", ""))),
                 }
                 for c in containers
             ],
@@ -113,6 +114,16 @@ class KubeState:
             pod["status"] = copy.deepcopy(refused)
         else:
             pod["status"] = self.running_status(pod["spec"]["containers"])
+
+
+def image_status(ref: str) -> dict[str, str]:
+    """What containerd's CRI reports for an image: the normalized name and a repo digest (the
+    one the reference pins, else a stand-in digest of the reference)."""
+    name, _, digest = ref.partition("@")
+    repo = name if "/" in name.split(":")[0] else f"docker.io/library/{name}"
+    repo_only = repo.rsplit(":", 1)[0] if ":" in repo.rsplit("/", 1)[-1] else repo
+    digest = digest or f"sha256:{hashlib.sha256(ref.encode()).hexdigest()}"
+    return {"image": repo, "imageID": f"{repo_only}@{digest}"}
 
 
 def clean(obj: dict[str, Any]) -> dict[str, Any]:

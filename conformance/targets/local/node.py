@@ -39,6 +39,7 @@ from conformance.contract.node import (
     CAP_SOCKET_REDIRECT,
 )
 from conformance.contract.plugin import PluginUnderTest, Probe
+from conformance.contract.ran import PluginRan
 from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.runcontext import RunContext
 from conformance.contract.wait import wait_for
@@ -290,6 +291,29 @@ class LocalNode(BaselineRestore, LocalFaults, LocalWorkloads):
     def plugin_cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self._sandbox().pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def plugin_ran(self) -> PluginRan:
+        """What runs as the plugin, read back from the kernel (the launcher exec'ed it: its pid
+        is the plugin's): /proc/<pid>/cmdline and the executable, as the plugin's view names it."""
+        sandbox = self._sandbox()
+        pid = sandbox.pid
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if not raw:  # a zombie or a kernel thread has none: nothing ran that can be named
+            raise RuntimeError(f"plugin pid {pid} has no command line (it exited)")
+        args = raw.split(b"\0")
+        args = args[:-1] if args[-1] == b"" else args  # NUL-terminated; an empty arg is kept
+        exe = str(Path(f"/proc/{pid}/exe").readlink())
+        stage = (sandbox.stage_root or "").rstrip("/")
+        if stage and exe.startswith(stage + "/"):
+            exe = exe[len(stage) :]  # the staged root is the plugin's /
+        return PluginRan(
+            how="process",
+            argv=tuple(a.decode(errors="replace") for a in args),
+            exe=exe,
+            pid=pid,
+            where=f"sandbox {sandbox.netns_name} on this machine",
+            notes=("own mount and network namespaces, zero capabilities, no_new_privs",),
+        )
 
     def plugin_log_tail(self, lines: int = 50) -> str:
         log = self.root / "plugin.log"
