@@ -73,7 +73,9 @@ def engine() -> Iterator[dict[str, Any]]:
         eng.release()
 
 
-def _lifecycle(tmp_path: Path, env: dict[str, Any], **kw: Any) -> KindLifecycle:
+def _lifecycle(
+    tmp_path: Path, env: dict[str, Any], config: str = "cluster.yaml", **kw: Any
+) -> KindLifecycle:
     n = next(_serial)
     kw = {"image": env["tags"]["plugin"], "guest_image": env["tags"]["guest"], **kw}
     options = ClusterOptions(
@@ -82,7 +84,7 @@ def _lifecycle(tmp_path: Path, env: dict[str, Any], **kw: Any) -> KindLifecycle:
         workdir=str(tmp_path / "work"),
         cluster_name=f"hvt-{os.getpid()}-{n}",
         node_image=NODE_IMAGE,
-        kind_config=str(ROOT / "kind" / "cluster.yaml"),
+        kind_config=str(ROOT / "kind" / config),
         **kw,
     ).validate()
     run_env = dict(kindbin.kind_env() or os.environ, DOCKER_HOST=env["host"])
@@ -160,4 +162,25 @@ def test_failure_at_image_load_leaves_nothing(tmp_path: Path, engine: dict[str, 
         pytest.fail("setup must fail at kind-load-guest")
     steps = {s.id: s.status for s in lifecycle.report.steps}
     assert steps["kind-load"] == "ok" and steps["kind-load-guest"] == "failed"
+    _assert_nothing_left(lifecycle, engine, kvm)
+
+
+def test_a_kubelet_with_another_root_dir_is_certified(
+    tmp_path: Path, engine: dict[str, Any]
+) -> None:
+    """Issue 27: a kubelet whose --root-dir is not /var/lib/kubelet. The chart installs, the
+    plugin registers (the v1.37.2 device manager keeps its socket in /var/lib/kubelet/
+    device-plugins whatever --root-dir says), and the harness finds the pods of its guests
+    under the root the running kubelet reports."""
+    kvm = _kvm()
+    lifecycle = _lifecycle(tmp_path, engine, config="cluster-kubelet-root.yaml")
+    with open_cluster(lifecycle, out_dir=tmp_path / "out") as node:
+        assert node.kubelet_root == "/var/lib/hv-k0s-style/kubelet"
+        assert node.allocatable() > 0 and node.plugin_ready()
+        guest = node.session_guest
+        assert guest, "the session guest did not start"
+        assert node.long_guest_counter(guest) >= 0
+        from conformance.contract.wait import wait_for
+
+        wait_for(lambda: node.long_guest_counter(guest) > 2, 60, "the guest counting")
     _assert_nothing_left(lifecycle, engine, kvm)

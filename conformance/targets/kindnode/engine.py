@@ -77,7 +77,7 @@ def copy_image(tag: str, source: DockerEngine, target: DockerEngine) -> str:
         if present is not None and present.id == image.id:
             return "present"
         t0 = time.monotonic()
-        dst.images.load(b"".join(image.save(named=True)))
+        dst.images.load(b"".join(image.save(named=tag)))  # this tag: an image may carry several
         what = "replaced a different image" if present is not None else "copied"
         return f"{what} in {time.monotonic() - t0:.1f}s"
     finally:

@@ -36,7 +36,7 @@ def save(tags: list[str], work: Path) -> list[Path]:
             for tag in tags:
                 path = work / (tag.replace("/", "_").replace(":", "_") + ".tar")
                 with path.open("wb") as out:
-                    for chunk in client.images.get(tag).save(named=True):
+                    for chunk in client.images.get(tag).save(named=tag):  # this tag exactly
                         out.write(chunk)
                 archives.append(path)
         finally:
