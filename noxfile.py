@@ -100,6 +100,12 @@ def tests(session: nox.Session) -> None:
     session.install("-e", ".[dev]")
     _actionlint(session)  # tests/workflows lints the GitHub workflows
     _helm(session)  # tests/manifests and tests/chart render and lint the chart
+    if not session.posargs or any("container" in arg for arg in session.posargs):
+        # tests/container runs the whole catalogue on --runtime container, for this plugin and
+        # the Go fixture: their images (offline, cached) first, so no test's timeout is spent on
+        # a cold build.
+        session.run("python", "-m", "conformance.targets.container.images")
+        session.run("python", "-m", "tests.container.fixture_image")
     _pytest(
         session,
         "-n",
@@ -259,8 +265,11 @@ def node_build(session: nox.Session) -> None:
 
 @nox.session(name="node-up", python=PYTHON)
 def node_up(session: nox.Session) -> None:
-    """The real node on loopback (containerd+CDI, etcd, control plane, kubelet)."""
-    session.install("-e", ".")
+    """The real node on loopback (containerd+CDI, etcd, control plane, kubelet); `-- --plugin
+    [PROFILE]` also runs a plugin from its profile (the shipped one by default)."""
+    # a profile and the sandbox's launcher need the conformance extras (YAML, pyroute2)
+    plugin = any(a == "--plugin" or a.startswith("--plugin=") for a in session.posargs)
+    session.install("-e", ".[conformance]" if plugin else ".")
     session.run("python", "-m", "conformance.targets.realnode.stack", "up", *session.posargs)
 
 

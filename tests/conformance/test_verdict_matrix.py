@@ -35,6 +35,7 @@ def _variant(tmp_path: Path, env: dict[str, str], readiness: str = "") -> Path:
     data = yaml.safe_load(PROFILE.read_text())
     data["command"] = [str(PROFILE.parent / "bin" / "go-kvm"), "-v=2"]
     data["env"] = env
+    data.pop("deploy", None)  # its files are relative to the fixture's dir; a process runs here
     if readiness == "none":
         data["readiness"] = data["liveness"] = {"type": "none"}
     path = tmp_path / "profile.yaml"

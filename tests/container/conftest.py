@@ -15,6 +15,7 @@ import pytest
 
 from conformance.targets.container.engine import DockerEngine
 from conformance.targets.container.images import ImageSet, ensure_images, export_rootfs
+from tests.container.fixture_image import FixtureImage, ensure_go_kvm_image
 
 INSTALL_HINT = "scripts/bootstrap (apt-get install docker.io debootstrap podman)"
 
@@ -43,3 +44,9 @@ def images(client: docker.DockerClient) -> ImageSet:
 @pytest.fixture(scope="session")
 def guest_rootfs(client: docker.DockerClient, images: ImageSet) -> Path:
     return export_rootfs(client, images.guest)
+
+
+@pytest.fixture(scope="session")
+def go_kvm_image(client: docker.DockerClient) -> FixtureImage:
+    """The go-kvm fixture's image (built offline, cached), as its profile names it."""
+    return ensure_go_kvm_image(client)

@@ -1,4 +1,5 @@
-"""The plugin container: hardened as a DaemonSet pod, probed through its network namespace."""
+"""The plugin container: hardened as a DaemonSet pod, probed through its network namespace,
+faults made inside its mount namespace without any tool of the image."""
 
 from __future__ import annotations
 
@@ -7,17 +8,28 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from conformance.contract.ledger import Entry, Ledger, read_entries, still_present, survivors
+from conformance.contract.ledger import (
+    Entry,
+    Ledger,
+    mounts_at,
+    read_entries,
+    still_present,
+    survivors,
+)
+from conformance.contract.plugin import resolve
 from conformance.contract.wait import wait_for
 from conformance.targets.container.engine import DockerEngine
 from conformance.targets.container.images import ImageSet
-from conformance.targets.container.plugin_container import PluginContainer
+from conformance.targets.container.plugin_container import Bind, PluginContainer
+from conformance.targets.container.spec import container_spec
 
 pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow]
+PLUGINS, CDI, HOST_DEV = "/var/lib/kubelet/device-plugins", "/var/run/cdi", "/host-dev"
 
 
 @pytest.fixture
@@ -26,7 +38,7 @@ def node_dirs() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="hvct-", dir="/tmp"))
     subprocess.run(["mount", "--bind", root, root], check=True)
     subprocess.run(["mount", "--make-rshared", root], check=True)
-    for sub in ("plugins", "cdi", "dev"):
+    for sub in ("plugins", "cdi", "dev", "other"):
         (root / sub).mkdir()
     kvm = os.stat("/dev/kvm").st_rdev
     os.mknod(root / "dev" / "kvm", 0o020600, kvm)
@@ -40,12 +52,13 @@ def plugin(
     engine: DockerEngine, images: ImageSet, node_dirs: Path, tmp_path: Path
 ) -> Iterator[PluginContainer]:
     ledger = Ledger(tmp_path / "ledger.jsonl", owner="test")
+    # The shipped profile's container (its chart), from this tree's image.
+    spec = replace(container_spec(resolve()), image=images.plugin.tag)
     container = PluginContainer(
-        host=engine.host, image=images.plugin.tag,
-        argv=["--device-plugin-dir", str(node_dirs / "plugins"), "--cdi-dir", str(node_dirs / "cdi"),
-              "--host-dev-dir", str(node_dirs / "dev"), "--health-addr", "127.0.0.1:8080"],
-        binds=[node_dirs / "plugins", node_dirs / "cdi", node_dirs / "dev"], ledger=ledger,
-        name=f"hvct-{os.getpid()}", log_path=tmp_path / "plugin.log", health_port=8080,
+        host=engine.host, spec=spec, devices=["/dev/kvm"], ledger=ledger,
+        binds=[Bind(node_dirs / "plugins", PLUGINS), Bind(node_dirs / "cdi", CDI),
+               Bind(node_dirs / "dev", HOST_DEV, read_only=True)],
+        name=f"hvct-{os.getpid()}", log_path=tmp_path / "plugin.log",
     )  # fmt: skip
     container.start()
     yield container
@@ -56,7 +69,7 @@ def plugin(
 
 def healthz(plugin: PluginContainer) -> bool:
     try:
-        return plugin.http_get("/healthz")[0] == 200
+        return plugin.http_get(9400, "/healthz")[0] == 200
     except OSError:
         return False
 
@@ -75,26 +88,41 @@ def test_runs_with_no_capabilities_and_no_new_privileges(plugin: PluginContainer
     assert record["read_only_rootfs"] is True and record["privileged"] is False
     assert record["network_mode"] == "none" and record["cap_drop"] == ["ALL"]
     assert record["devices"] == ["/dev/kvm:/dev/kvm:rw"]
+    assert record["path"] == "hv-device-plugin" and record["args"] == list(plugin.spec.args or ())
 
 
 def test_has_only_loopback_and_answers_healthz_through_its_netns(plugin: PluginContainer) -> None:
     devices = Path(f"/proc/{plugin.pid}/net/dev").read_text().splitlines()[2:]
     assert [line.split(":")[0].strip() for line in devices] == ["lo"]
     wait_for(lambda: healthz(plugin), 30, "/healthz through the container's netns")
-    status, body = plugin.http_get("/readyz")
+    status, body = plugin.http_get(9400, "/readyz")
     assert status == 503  # no kubelet here: never registered
     assert b"registered" in body
 
 
 def test_the_root_filesystem_is_read_only(plugin: PluginContainer) -> None:
-    res = plugin.in_mount_ns(["sh", "-c", "touch /opt/x 2>&1; echo rc=$?"])
-    assert "Read-only file system" in res.stdout and "rc=1" in res.stdout
+    code, output = plugin.exec(["sh", "-c", "touch /opt/x 2>&1; echo rc=$?"])
+    assert code == 0 and "Read-only file system" in output and "rc=1" in output
 
 
 def test_writes_its_spec_through_the_bind_mount(plugin: PluginContainer, node_dirs: Path) -> None:
     spec = node_dirs / "cdi" / "hyperlight.json"
     wait_for(spec.exists, 30, "the CDI spec written from inside the container")
     assert spec.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_host_dir_is_bound_and_unbound_in_its_namespace_only(
+    plugin: PluginContainer, node_dirs: Path
+) -> None:
+    (node_dirs / "other" / "marker").write_text("x")
+    host_before = mounts_at(PLUGINS)
+    plugin.bind_mount(node_dirs / "other", PLUGINS)
+    inside = Path(f"/proc/{plugin.pid}/root{PLUGINS}")
+    assert (inside / "marker").exists(), "the host dir is what the plugin sees there"
+    assert not (node_dirs / "plugins" / "marker").exists(), "the node's own dir is untouched"
+    assert mounts_at(PLUGINS) == host_before, "no mount on the host"
+    plugin.umount(PLUGINS, lazy=True)
+    assert not (inside / "marker").exists()
 
 
 def test_restart_replaces_the_container_and_removes_the_old_one(plugin: PluginContainer) -> None:

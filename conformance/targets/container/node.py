@@ -2,35 +2,44 @@
 
 The node is LocalNode's (node root, tmpfs CDI dir and host-device view, kubelet emulator, the
 same faults); what changes is who runs the plugin and the workloads:
-- the plugin is the image built from this tree (container.images), run by the Docker engine as
-  a hardened container (targets.plugin_container: no capabilities, no-new-privileges,
-  read-only root, no network, /dev/kvm passed explicitly, node dirs bind-mounted rslave);
-  faults inside its mount namespace go through `nsenter -t <pid> -m` as with the sandbox;
+- the plugin is the profile's deploy.image, run by the Docker engine as the profile's objects
+  describe its container (targets.container.spec: command, args, env, user, mounts), with the
+  node's directories bound at the profile's paths, the profile's devices passed, and the
+  harness's fixed hardening (no capabilities, no-new-privileges, no network); faults inside its
+  mount namespace go through targets.container.nsops, health through the profile's probes
+  (http in the container's network namespace, grpc-health on its socket, exec in its
+  namespaces). This repository's own image is built from this tree and carries the shipped
+  profile's tag; any other image must already be in the engine (nothing is ever pulled);
 - workloads run under podman from the guest image's filesystem and get the device ONLY through
-  CDI (`--device hyperlight.dev/hypervisor=kvm`) resolved from the spec the plugin wrote, as
-  uid/gid 65534 (targets.podman). A negative control at setup (no CDI device) must fail.
-results.json gets, per worker (targets.target_report): the image IDs, each plugin container's
-inspection with CapEff from /proc/<pid>/status, the exec probe, and every guest run with the
-CDI name that injected its device.
+  CDI (`--device <kind>=<name>`) resolved from the spec the plugin wrote, as uid/gid 65534
+  (targets.podman). A negative control at setup (no CDI device) must fail.
+results.json gets, per worker (targets.target_report): the image IDs, the plugin container as
+derived from the objects, each plugin container's inspection with CapEff from /proc/<pid>/status,
+the objects' exec probes run once, and every guest run with the CDI name that injected its device;
+what really ran is read back by the suite (plugin_ran: the engine's image ID, Path and Args, and
+/proc/<pid>/cmdline).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import shlex
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+import docker
 
 from conformance.contract.base import set_up
-from conformance.contract.node import Allocation, GuestOutcome
-from conformance.contract.runcontext import RunContext
-from conformance.contract.plugin import resolve as resolve_plugin
+from conformance.contract.plugin import PluginUnderTest, Probe
+from conformance.contract.ran import PluginRan
 from conformance.contract.results import EnvironmentBlocked
+from conformance.contract.runcontext import RunContext
 from conformance.contract.target_report import TargetReport
 from conformance.targets.container.engine import DockerEngine, EngineError
 from conformance.targets.container.images import (
@@ -39,12 +48,19 @@ from conformance.targets.container.images import (
     export_rootfs,
     image_config,
 )
-from conformance.targets.container.plugin_container import PluginContainer, PluginContainerError
+from conformance.targets.container.plugin_container import (
+    Bind,
+    PluginContainer,
+    PluginContainerError,
+)
 from conformance.targets.container.podman import PodmanRuntime
-from conformance.targets.local.node import HEALTH_PORT, LocalNode
+from conformance.targets.container.spec import ContainerSpec, container_spec
+from conformance.targets.container.workloads import KVM, ContainerWorkloads
+from conformance.targets.local.node import LocalNode
+from conformance.targets.local.observe import PROBE_TIMEOUT_S, Observer
+from plugin.api.names import default_plugin_image
 
 TOOLS = ("dockerd", "containerd", "podman", "crun", "unshare", "nsenter", "debootstrap")
-GUEST_TIMEOUT_S = 60.0
 
 
 def _check_tools() -> None:
@@ -55,32 +71,55 @@ def _check_tools() -> None:
         )
 
 
-def _guest_json(stdout: str) -> dict[str, Any]:
-    lines = [ln for ln in stdout.splitlines() if ln.strip().startswith("{")]
-    if not lines:
-        return {}
-    data: dict[str, Any] = json.loads(lines[-1])
-    return data
+class _ContainerObserver(Observer):
+    """The profile's probe against the plugin container: http in its network namespace (it has
+    no other network), exec through the engine (as a kubelet's exec probe: the container's env,
+    user and confinement), grpc-health on its socket as for the sandbox."""
+
+    def __init__(self, node: ContainerNode, probe: Probe) -> None:
+        super().__init__(
+            node.plugin, probe, health_addr=node.health_addr, socket=node._plugin_socket,
+            pid=lambda: node._container().pid,
+        )  # fmt: skip
+        self.node = node
+
+    def _http(self) -> bool:
+        url = urlsplit(self.plugin.fill(self.probe.url, self._health_addr()))
+        path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        try:
+            container = self.node._container()
+            status, _ = container.http_get(
+                url.port or 80, path, PROBE_TIMEOUT_S, host=url.hostname or ""
+            )
+        except (OSError, ValueError, PluginContainerError):
+            return False
+        return 200 <= status < 400
+
+    def _exec(self) -> bool:
+        argv = [self.plugin.fill(a, self._health_addr()) for a in self.probe.command]
+        try:
+            code, _ = self.node._container().exec(argv, timeout=PROBE_TIMEOUT_S * 5)
+        except PluginContainerError:
+            return False
+        return code == 0
 
 
-class ContainerNode(LocalNode):
-    """LocalNode with the plugin under Docker and the workloads under podman."""
+class ContainerNode(ContainerWorkloads, LocalNode):
+    """LocalNode with the plugin under Docker, as its profile's objects say, and the workloads
+    under podman."""
 
     runtime = "container"
 
-    def __init__(self, *, out_dir: Path, worker: str, plugin_cmd: str) -> None:
-        super().__init__(
-            out_dir=out_dir,
-            worker=worker,
-            plugin=resolve_plugin(plugin_cmd=plugin_cmd or "", plugin_profile=""),
-        )
-        # --plugin-cmd replaces the image's entrypoint; the standard flags follow it.
-        self.entrypoint = shlex.split(plugin_cmd) if plugin_cmd else []
+    def __init__(self, *, out_dir: Path, worker: str, plugin: PluginUnderTest) -> None:
+        # Derived first: what cannot be honoured is refused before anything exists.
+        self.spec: ContainerSpec = container_spec(plugin)
+        self.container: PluginContainer | None = None
+        super().__init__(out_dir=out_dir, worker=worker, plugin=plugin)
         self.engine = DockerEngine(self.ledger, what=f"hvconform worker {worker}")
         self.report = TargetReport(out_dir, worker)
         self.images: ImageSet | None = None
-        self.container: PluginContainer | None = None
         self.podman: PodmanRuntime | None = None
+        self._records: list[dict[str, Any]] = []
         self._guest_rootfs = Path()
         self._guest_config: dict[str, Any] = {}
         self._runs = 0
@@ -96,13 +135,15 @@ class ContainerNode(LocalNode):
         client = self.engine.client(timeout=600)
         try:
             self.images = ensure_images(client)
+            image = self._plugin_image(client, host)
             self._guest_rootfs = export_rootfs(client, self.images.guest)
             self._guest_config = image_config(client, self.images.guest)
             engine_version = client.version()
         finally:
             client.close()
         self.report.set("runtime", "container")
-        self.report.set("images", self.images.to_json())
+        self.report.set("images", {**self.images.to_json(), "plugin_under_test": image})
+        self.report.set("plugin_spec", self.spec.to_json())
         self.report.set(
             "engine",
             {
@@ -117,29 +158,49 @@ class ContainerNode(LocalNode):
         self._record_plugin_evidence()
         self._negative_control()
 
-    def _start_plugin(self, sockets: Path | None = None) -> None:
+    def _plugin_image(self, client: docker.DockerClient, host: str) -> dict[str, Any]:
+        """The profile's image in the engine: this tree's build under the shipped profile's tag
+        (the documented `docker build -t hv-device-plugin:<version>`), or one already there."""
         assert self.images is not None
-        args = [
-            "--device-plugin-dir", str(self.plugin_dir), "--cdi-dir", str(self.dirs["cdi"]),
-            "--host-dev-dir", str(self.dirs["host_dev"]), "--health-addr", f"127.0.0.1:{HEALTH_PORT}",
+        ref = self.spec.image
+        if ref == default_plugin_image():
+            repository, _, tag = ref.rpartition(":")
+            client.images.get(self.images.plugin.tag).tag(repository, tag)
+        try:
+            found = client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            raise EnvironmentBlocked(
+                f"deploy.image {ref} is not in the Docker engine at {host} and is never pulled: "
+                "build or load it there first (HV_DOCKER_HOST selects an engine of yours)"
+            ) from None
+        built = ref == default_plugin_image()
+        return {"ref": ref, "id": str(found.id), "built_from_this_tree": built}
+
+    def _start_plugin(self, sockets: Path | None = None) -> None:
+        """The profile's container with the node's dirs where the profile says the plugin looks
+        (as LocalNode binds them for the sandbox); `sockets` replaces the kubelet's dir."""
+        paths, ro = self.plugin.paths, self.spec.read_only_paths
+        binds = [
+            Bind(sockets or self.plugin_dir, paths.device_plugin_dir,
+                 paths.device_plugin_dir in ro),
+            Bind(self.dirs["cdi"], paths.cdi_dir, paths.cdi_dir in ro),
         ]  # fmt: skip
+        if paths.host_dev_dir:
+            binds.append(Bind(self.dirs["host_dev"], paths.host_dev_dir, paths.host_dev_dir in ro))
         self.container = PluginContainer(
-            host=self.engine.host,
-            image=self.images.plugin.tag,
-            argv=args,
-            binds=[self.plugin_dir, self.dirs["cdi"], self.dirs["host_dev"]],
-            ledger=self.ledger,
-            name=f"hvc-{self.worker}-{secrets.token_hex(3)}",
-            log_path=self.root / "plugin.log",
-            health_port=HEALTH_PORT,
-            entrypoint=self.entrypoint,
-        )
-        self.container.start()
+            host=self.engine.host, spec=self.spec, binds=binds, devices=paths.devices,
+            ledger=self.ledger, name=f"hvc-{self.worker}-{secrets.token_hex(3)}",
+            log_path=self.root / "plugin.log", records=self._records,
+        )  # fmt: skip
+        try:
+            self.container.start()
+        finally:
+            self.report.set("plugin_containers", self._records)
 
     def _stop_plugin(self) -> None:
         if self.container is not None:
             self.container.stop()
-            self.report.set("plugin_containers", self.container.records)
+            self.report.set("plugin_containers", self._records)
 
     def teardown(self) -> None:
         left: list[str] = []
@@ -158,30 +219,13 @@ class ContainerNode(LocalNode):
     def _record_plugin_evidence(self) -> None:
         container = self._container()
         probes = {}
-        for kind in ("liveness", "readiness"):
-            args = ("--device-plugin-dir", str(self.plugin_dir))
-            code, output = container.exec_probe(kind, *args)
-            probes[kind] = {"argv": shlex.join(["hv-device-plugin", "probe", kind, *args]),
-                            "exit": code, "output": output.strip()[-400:]}  # fmt: skip
+        for kind, argv in self.spec.exec_probes.items():  # the objects' own, as a kubelet runs
+            code, output = container.exec(argv)
+            probes[kind] = {"argv": shlex.join(argv), "exit": code, "output": output.strip()[-400:]}
         self.report.set("exec_probes", probes)
-        self.report.set("plugin_containers", container.records)
-        caps = container.records[-1]
+        caps = self._records[-1]
         if caps["CapEff"] != 0 or caps["NoNewPrivs"] != 1:
             raise RuntimeError(f"plugin container not hardened: {caps}")
-
-    def _negative_control(self) -> None:
-        """A workload WITHOUT the CDI device must not open /dev/kvm; else nothing is shown."""
-        podman = self._podman()
-        name = podman.new_name()
-        proc = podman.run(
-            name, ["run", "--json"], env={"HYPERLIGHT_DEVICE_PATH": "/dev/kvm"}, timeout=60
-        )
-        record = _guest_json(proc.stdout)
-        entry = {"container": name, "cdi_devices": [], "exit": proc.returncode,
-                 "ok": bool(record.get("ok")), "reason": str(record.get("reason", ""))[:300]}  # fmt: skip
-        self.report.set("negative_control", entry)
-        if proc.returncode == 0 or record.get("ok"):
-            raise RuntimeError(f"negative control: a workload without CDI opened /dev/kvm: {entry}")
 
     # -- the plugin -------------------------------------------------------------------------
 
@@ -190,18 +234,13 @@ class ContainerNode(LocalNode):
             raise PluginContainerError("plugin container not created")
         return self.container
 
-    def _http_ok(self, path: str) -> bool:
-        try:
-            status, _ = self._container().http_get(path, timeout=2)
-        except (OSError, PluginContainerError):
-            return False
-        return status == 200
+    def _observer(self, probe: Probe) -> Observer:
+        return _ContainerObserver(self, probe)
 
-    def plugin_live(self) -> bool:
-        return self._http_ok("/healthz")
-
-    def plugin_ready(self) -> bool:
-        return self._http_ok("/readyz")
+    def health_addr(self) -> str:
+        """127.0.0.1:<the port the objects name>, in the container's network namespace."""
+        port = self.spec.health_port
+        return "" if port is None else f"127.0.0.1:{port}"
 
     def plugin_running(self) -> bool:
         return self.container is not None and self._container().running
@@ -209,14 +248,14 @@ class ContainerNode(LocalNode):
     def _ready_or_dead(self) -> bool:
         if not self._container().running:
             raise RuntimeError(f"the plugin container exited at setup:\n{self.plugin_log_tail(20)}")
-        return self.plugin_ready()
+        return self.plugin_ready() if self.readiness.observable else self.allocatable() > 0
 
     def plugin_instance(self) -> str:
         return self._container().container_id[:12]
 
     def restart_plugin(self) -> None:
         self._container().restart()
-        self.report.set("plugin_containers", self._container().records)
+        self.report.set("plugin_containers", self._records)
 
     def plugin_cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self._container().pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -227,89 +266,86 @@ class ContainerNode(LocalNode):
             return super().plugin_log_tail(lines)
         return self.container.log_tail(lines)
 
+    def plugin_ran(self) -> PluginRan:
+        """What runs, read back: the engine's inspection and the kernel's view of the pid."""
+        container = self._container()
+        attrs, pid = container.attrs(), container.pid
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if not raw:  # a zombie has none: nothing that runs can be named
+            raise RuntimeError(f"plugin pid {pid} in {container.name} has no command line")
+        argv = tuple(a.decode(errors="replace") for a in raw.rstrip(b"\0").split(b"\0"))
+        engine_argv = [str(attrs.get("Path", "")), *map(str, attrs.get("Args") or [])]
+        try:
+            exe = str(Path(f"/proc/{pid}/exe").readlink())
+        except OSError:
+            exe = ""
+        return PluginRan(
+            how="container", argv=argv, exe=exe, pid=pid,
+            image=str(attrs["Config"].get("Image", container.image)),
+            image_id=str(attrs["Image"]), where=container.name,
+            notes=(f"engine Path+Args: {shlex.join(engine_argv)}",
+                   f"objects: {self.spec.workload}"),
+        )  # fmt: skip
+
+    # -- faults in the plugin's own view ----------------------------------------------------
+
     def redirect_plugin_sockets(self, empty: bool) -> None:
-        # An empty tmpfs over the socket dir in the plugin's namespace only: the kubelet (and
-        # the host) keep the real one, as when a pod's hostPath points at the wrong dir.
+        # An empty dir over the socket dir in the plugin's namespace only: the kubelet (and the
+        # host) keep the real one, as when a pod's hostPath points at the wrong dir.
+        target = self.plugin.paths.device_plugin_dir
         if empty:
-            args = ["-t", "tmpfs", "-o", "size=64k,mode=0755", "hv-empty-sockets"]
-            self._container().mount(args, self.plugin_dir)
+            hole = self.state / "empty-sockets"
+            hole.mkdir(exist_ok=True)
+            self._faults.add("sockets")  # first: a half-made fault is still undone
+            self._container().bind_mount(hole, target)
         else:
-            self._container().umount(self.plugin_dir, lazy=True)
+            self._container().umount(target, lazy=True)
+            self._faults.discard("sockets")
+
+    def restore_plugin_sockets(self) -> None:
+        """Give the isolated plugin the kubelet's directory back, where it looks for it."""
+        self._container().bind_mount(self.plugin_dir, self.plugin.paths.device_plugin_dir)
+        # "isolated" stays a fault: the restore after the check starts a container normally.
 
     def remap_device_unusable(self, unusable: bool) -> None:
-        kvm = os.stat("/dev/kvm").st_rdev
+        kvm = os.stat(KVM).st_rdev
         if unusable:
-            # The container's own /dev/null at /dev/kvm: a per-container mapping, as on AKS.
-            self._container().mount(["--bind", "/dev/null"], Path("/dev/kvm"))
+            null = self.state / "null-at-kvm"
+            if not null.exists():
+                os.mknod(null, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+            self._faults.add("remap")
+            self._container().bind_mount(null, KVM)
             self.replace_char_device("host_dev", "kvm", 1, 3)  # identity made to match
         else:
-            self._container().umount(Path("/dev/kvm"))
+            self._container().umount(KVM)
             self.replace_char_device("host_dev", "kvm", os.major(kvm), os.minor(kvm))
+            self._faults.discard("remap")
 
-    # -- workloads ------------------------------------------------------------------------
-
-    def _podman(self) -> PodmanRuntime:
-        if self.podman is None:
-            self.podman = PodmanRuntime(
-                cdi_dir=self.dirs["cdi"], rootfs=self._guest_rootfs,
-                image_config=self._guest_config, work_dir=self.state, ledger=self.ledger,
-                label=self.worker,
-            )  # fmt: skip
-        return self.podman
-
-    def run_guest(self, allocation: Allocation) -> GuestOutcome:
-        podman = self._podman()
-        name = podman.new_name()
-        # Different inputs every run: equal outputs could not come from a cached answer.
-        self._runs += 1
-        argv = ["run", "--json", "--a", str(7 + self._runs), "--b", str(3 * self._runs)]
-        proc = podman.run(
-            name, argv, cdi_devices=allocation.cdi_devices, env=allocation.envs,
-            timeout=GUEST_TIMEOUT_S,
-        )  # fmt: skip
-        record = _guest_json(proc.stdout)
-        ok = proc.returncode == 0 and bool(record.get("ok"))
-        cdi = ",".join(allocation.cdi_devices)
-        entry = {
-            "container": name, "cdi_devices": allocation.cdi_devices, "exit": proc.returncode,
-            "device": record.get("device"), "uid": record.get("uid"), "gid": record.get("gid"),
-            "value": record.get("value"), "expected": record.get("expected"), "ok": ok,
-        }  # fmt: skip
-        note = f"guest {name}: device {record.get('device')} injected by CDI {cdi}, "
-        note += f"uid {record.get('uid')}, value {record.get('value')}, {'ok' if ok else 'FAILED'}"
-        self.report.append("guest_runs", entry, note)
-        detail = (proc.stdout + proc.stderr).strip()[-600:]
-        return GuestOutcome(ok=ok, detail=detail, value=record.get("value"))
-
-    def start_long_guest(self, allocation: Allocation) -> str:
-        handle = f"guest-{len(self._guests)}"
-        state = self.guest_dir / f"{handle}.json"
-        argv = [
-            "counter", "--device", self._device_in_workload(allocation),
-            "--state-file", str(state), "--interval", "0.05",
-        ]  # fmt: skip
-        podman = self._podman()
-        name = podman.new_name()
-        log = (self.state / f"{handle}.log").open("ab")
-        try:
-            proc = podman.start(
-                name, argv, cdi_devices=allocation.cdi_devices, env=allocation.envs,
-                volumes=[self.guest_dir], stdout=log,
-            )  # fmt: skip
-        finally:
-            log.close()
-        self._guests[handle] = proc
-        entry = {"container": name, "cdi_devices": allocation.cdi_devices, "long_running": True}
-        self.report.append(
-            "guest_runs", entry, f"long guest {name} via CDI {allocation.cdi_devices}"
-        )
-        return handle
+    def set_device_present(self, present: bool) -> None:
+        """Without a host-device view, the plugin's own /dev/kvm goes and comes back (made with
+        the real device's numbers and mode, through the container's root)."""
+        if self.plugin.paths.host_dev_dir:
+            super().set_device_present(present)
+            return
+        container = self._container()
+        inside = Path(f"/proc/{container.pid}/root{KVM}")
+        if present:
+            if not os.path.lexists(inside):
+                real = os.stat(KVM)
+                os.mknod(inside, stat.S_IFCHR | 0o600, real.st_rdev)
+                inside.chmod(stat.S_IMODE(real.st_mode))
+            self._faults.discard("device")
+        else:
+            self._faults.add("device")
+            if KVM in container.plugin_mounts():
+                container.umount(KVM)
+            inside.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
 def open_node(
     ctx: RunContext, *, worker: str, metadata: object | None = None
 ) -> Iterator[ContainerNode]:
-    """The registry's entry: the plugin under test as its profile describes it."""
+    """The registry's entry: the plugin under test as its profile's objects describe it."""
     with set_up(ContainerNode(out_dir=ctx.out, worker=worker, plugin=ctx.plugin)) as node:
         yield node

@@ -1,16 +1,17 @@
 """The plugin as a hardened container under the Docker engine, driven through testcontainers.
 
-What a DaemonSet pod of the plugin gets: every capability dropped, no-new-privileges, a
-read-only root filesystem (a small tmpfs on /tmp), no network (`--network none`), the hypervisor
-device passed explicitly (`--device /dev/kvm:/dev/kvm:rw`, the path the bootstrap device-access
-plugin grants: rw, never m), and hostPath-like bind mounts of the node's plugin, CDI and
-host-device dirs at the same paths with rslave propagation (HostToContainer).
+It runs what the profile's objects describe (targets.container.spec: image, command and args,
+env, user, read-only root, tmpfs mounts) with what a DaemonSet pod of the plugin gets from the
+node: hostPath-like bind mounts of the node's plugin, CDI and host-device dirs at the profile's
+paths with rslave propagation (HostToContainer), and the profile's hypervisor devices passed
+explicitly (`--device /dev/kvm:/dev/kvm:rw`: rw, never m). The harness's hardening is fixed, as
+in the process runtime: every capability dropped, no-new-privileges, no network.
 
-Probes: with no network the harness reaches /healthz and /readyz through the container's network
-namespace: a short-lived thread setns()es into /proc/<pid>/ns/net and connects to the plugin's
-127.0.0.1 port there; the socket stays in that namespace, the request is made from the harness
-(nsenter -n without a process per probe). The kubelet-style exec probe
-(`hv-device-plugin probe readiness`) is run through `docker exec` as well, as evidence.
+Probes: with no network the harness reaches the plugin's HTTP port through the container's
+network namespace: a short-lived thread setns()es into /proc/<pid>/ns/net and connects to
+127.0.0.1 there; the socket stays in that namespace, the request is made from the harness. Exec
+probes run through the engine (`docker exec`), as a kubelet's do. Faults inside the plugin's
+mount namespace are made by targets.container.nsops (system calls, no tool needed in the image).
 testcontainers runs without its reaper (Ryuk): that is an image to pull and no registry exists;
 the ledger and close() do its job.
 """
@@ -23,8 +24,10 @@ import http.client
 import os
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,9 @@ from testcontainers.core.config import testcontainers_config
 from testcontainers.core.container import DockerContainer
 
 from conformance.contract.ledger import Ledger
+from conformance.targets.container import nsops
 from conformance.targets.container.engine import DATA_ROOT
+from conformance.targets.container.spec import ContainerSpec
 from conformance.targets.local.procs import mount_points, proc_status
 
 # TESTCONTAINERS_RYUK_DISABLED=true, forced rather than defaulted: the reaper is an image that
@@ -42,10 +47,20 @@ testcontainers_config.ryuk_disabled = True
 CLONE_NEWNET = 0x40000000
 CAP_FIELDS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
 STOP_GRACE_S = 15
+EXEC_TIMEOUT_S = 10.0
 
 
 class PluginContainerError(RuntimeError):
     """The plugin container could not be started, reached or removed."""
+
+
+@dataclass(frozen=True)
+class Bind:
+    """A node directory (or file) bound into the container, as a hostPath volume."""
+
+    source: Path
+    target: str
+    read_only: bool = False
 
 
 def netns_connect(pid: int, host: str, port: int, timeout: float) -> socket.socket:
@@ -82,28 +97,25 @@ class PluginContainer:
         self,
         *,
         host: str,
-        image: str,
-        argv: Sequence[str],
-        binds: Sequence[Path],
+        spec: ContainerSpec,
+        binds: Sequence[Bind],
+        devices: Sequence[str],
         ledger: Ledger,
         name: str,
         log_path: Path,
-        health_port: int,
-        entrypoint: Sequence[str] = (),
-        device: str = "/dev/kvm",
+        records: list[dict[str, Any]] | None = None,
     ) -> None:
         self.host = host
-        self.image = image
-        self.argv = list(argv)
+        self.spec = spec
+        self.image = spec.image
         self.binds = list(binds)
+        self.devices = list(devices)
         self.ledger = ledger
         self.base_name = name
         self.log_path = log_path
-        self.health_port = health_port
-        self.entrypoint = list(entrypoint)
-        self.device = device
         self.generation = 0
-        self.records: list[dict[str, Any]] = []  # one per container: id, image, inspection
+        # One per container started: id, image, inspection (shared with the node's report).
+        self.records: list[dict[str, Any]] = [] if records is None else records
         self._tc: DockerContainer | None = None
         self._pid = 0
 
@@ -113,26 +125,43 @@ class PluginContainer:
     def name(self) -> str:
         return f"{self.base_name}-{self.generation}"
 
+    def _configure(self) -> DockerContainer:
+        spec = self.spec
+        tc = DockerContainer(
+            self.image, docker_client_kw={"environment": {"DOCKER_HOST": self.host}}
+        )
+        tc.with_name(self.name)
+        if spec.args is not None:
+            tc.with_command(list(spec.args))
+        for key, value in spec.env.items():
+            tc.with_env(key, value)
+        for bind in self.binds:
+            tc.with_volume_mapping(
+                str(bind.source), bind.target, "ro,rslave" if bind.read_only else "rw,rslave"
+            )
+        for target, options in spec.tmpfs.items():
+            tc.with_tmpfs_mount(target, options)  # passed through as the tmpfs options
+        extra: dict[str, Any] = {}
+        if spec.entrypoint is not None:
+            extra["entrypoint"] = list(spec.entrypoint)
+        if spec.user:
+            extra["user"] = spec.user
+        if spec.working_dir:
+            extra["working_dir"] = spec.working_dir
+        tc.with_kwargs(
+            cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=spec.read_only,
+            network_mode="none", devices=[f"{d}:{d}:rw" for d in self.devices],
+            stop_signal="SIGTERM", labels={"dev.hyperlight.hv.role": "plugin-under-test"},
+            **extra,
+        )  # fmt: skip
+        return tc
+
     def start(self) -> int:
         """Create and start a container; returns the plugin's host pid."""
         if self._tc is not None:
             raise PluginContainerError(f"{self.name} is already running")
         self.generation += 1
-        tc = DockerContainer(
-            self.image, docker_client_kw={"environment": {"DOCKER_HOST": self.host}}
-        )
-        tc.with_name(self.name).with_command(self.argv)
-        for path in self.binds:
-            tc.with_volume_mapping(str(path), str(path), "rw,rslave")
-        # testcontainers passes this string through as the tmpfs mount options.
-        tc.with_tmpfs_mount("/tmp", "size=16m,mode=1777")
-        tc.with_kwargs(
-            cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
-            network_mode="none", devices=[f"{self.device}:{self.device}:rw"],
-            stop_signal="SIGTERM",
-            labels={"dev.hyperlight.hv.role": "plugin-under-test"},
-            **({"entrypoint": self.entrypoint} if self.entrypoint else {}),
-        )  # fmt: skip
+        tc = self._configure()
         self.ledger.record("container", f"docker:{self.name}", self._ledger_detail())
         self._tc = tc
         try:
@@ -161,7 +190,8 @@ class PluginContainer:
         try:
             wrapped.stop(timeout=STOP_GRACE_S)
             wrapped.reload()
-            self.records[-1]["exit_code"] = wrapped.attrs["State"]["ExitCode"]
+            if self.records:
+                self.records[-1]["exit_code"] = wrapped.attrs["State"]["ExitCode"]
         finally:
             self._remove()
 
@@ -204,10 +234,21 @@ class PluginContainer:
             return False
         return bool(wrapped.attrs["State"]["Running"])
 
-    def http_get(self, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
-        """GET http://127.0.0.1:<port><path> inside the container's network namespace."""
-        sock = netns_connect(self.pid, "127.0.0.1", self.health_port, timeout)
-        conn = http.client.HTTPConnection("127.0.0.1", self.health_port, timeout=timeout)
+    def attrs(self) -> dict[str, Any]:
+        """The engine's inspection of the running container, fresh."""
+        if self._tc is None:
+            raise PluginContainerError("no plugin container running")
+        wrapped = self._tc.get_wrapped_container()
+        wrapped.reload()
+        data: dict[str, Any] = wrapped.attrs
+        return data
+
+    def http_get(
+        self, port: int, path: str, timeout: float = 2.0, host: str = "127.0.0.1"
+    ) -> tuple[int, bytes]:
+        """GET http://<host>:<port><path> inside the container's network namespace."""
+        sock = netns_connect(self.pid, host, port, timeout)
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
         conn.sock = sock
         try:
             conn.request("GET", path)
@@ -216,11 +257,28 @@ class PluginContainer:
         finally:
             conn.close()
 
-    def exec_probe(self, kind: str, *args: str) -> tuple[int, str]:
-        """`hv-device-plugin probe <kind> ARGS` in the container: a kubelet exec probe."""
-        if self._tc is None:
+    def exec(self, argv: Sequence[str], timeout: float = EXEC_TIMEOUT_S) -> tuple[int, str]:
+        """Run argv in the container through the engine, as a kubelet's exec probe runs (the
+        container's env, user and confinement); exit code and output. One that outlasts
+        `timeout` is abandoned (PluginContainerError), as a probe's timeoutSeconds does."""
+        tc = self._tc
+        if tc is None:
             raise PluginContainerError("no plugin container running")
-        result = self._tc.exec(["hv-device-plugin", "probe", kind, *args])
+        done: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                done["result"] = tc.exec(list(argv))
+            except Exception as exc:  # the engine's own errors: no answer
+                done["error"] = exc
+
+        thread = threading.Thread(target=run, name=f"exec-{self.name}", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if "result" not in done:
+            why = done.get("error") or f"no answer within {timeout:g}s"
+            raise PluginContainerError(f"exec {' '.join(argv)[:80]} in {self.name}: {why}")
+        result = done["result"]
         code = -1 if result.exit_code is None else int(result.exit_code)
         return code, bytes(result.output or b"").decode(errors="replace")
 
@@ -240,6 +298,8 @@ class PluginContainer:
             "image_id": attrs["Image"],
             "image": self.image,
             "pid": self._pid,
+            "path": attrs.get("Path"),
+            "args": attrs.get("Args"),
             **self.capabilities(),
             "cap_drop": hc.get("CapDrop"),
             "security_opt": hc.get("SecurityOpt"),
@@ -249,6 +309,7 @@ class PluginContainer:
                         for d in hc.get("Devices") or []],
             "binds": hc.get("Binds"),
             "privileged": hc.get("Privileged"),
+            "user": attrs["Config"].get("User"),
         }  # fmt: skip
 
     def log_tail(self, lines: int = 50) -> str:
@@ -261,26 +322,29 @@ class PluginContainer:
 
     # -- faults inside the plugin's mount namespace ---------------------------------------
 
-    def in_mount_ns(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-        """Run argv (the container's own binary) in the plugin's mount namespace as root.
+    def ns_op(self, *args: str) -> None:
+        """One nsops operation in the plugin's mount namespace (see nsops)."""
+        cmd = [sys.executable, "-I", nsops.__file__, str(self.pid), *args]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+        if res.returncode != 0:
+            raise PluginContainerError(
+                res.stderr.strip() or f"nsops {args} exited {res.returncode}"
+            )
 
-        The pid namespace is joined too: the container's /proc belongs to it, and umount reads
-        /proc/self/mountinfo, which does not resolve for a process outside it.
-        """
-        cmd = ["nsenter", "-t", str(self.pid), "-m", "-p", "--", *argv]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    def plugin_mounts(self) -> list[str]:
+        """Mount points as the plugin sees them."""
+        return mount_points(self.pid)
 
-    def mount(self, args: Sequence[str], target: Path) -> None:
-        """`mount ARGS TARGET` in the plugin's namespace only; verified in its mountinfo."""
-        before = mount_points(self.pid).count(str(target))
-        self.ledger.record("mount", str(target), "plugin-container-ns")
-        res = self.in_mount_ns(["mount", *args, str(target)])
-        if res.returncode != 0 or mount_points(self.pid).count(str(target)) != before + 1:
-            raise PluginContainerError(f"mount {args} on {target}: {res.stderr.strip()}")
+    def bind_mount(self, source: Path, target: str) -> None:
+        """Bind a host path over `target` in the plugin's namespace only; verified there."""
+        before = self.plugin_mounts().count(target)
+        self.ns_op("bind", str(source), target)
+        if self.plugin_mounts().count(target) != before + 1:
+            raise PluginContainerError(f"bind {source} on {target}: not in the plugin's mounts")
 
-    def umount(self, target: Path, *, lazy: bool = False) -> None:
+    def umount(self, target: str, *, lazy: bool = False) -> None:
         """Undo the topmost mount on target in the plugin's namespace; verified."""
-        before = mount_points(self.pid).count(str(target))
-        res = self.in_mount_ns(["umount", *(["-l"] if lazy else []), str(target)])
-        if res.returncode != 0 or mount_points(self.pid).count(str(target)) != before - 1:
-            raise PluginContainerError(f"umount {target}: {res.stderr.strip()}")
+        before = self.plugin_mounts().count(target)
+        self.ns_op("umount", target, *(["lazy"] if lazy else []))
+        if self.plugin_mounts().count(target) != before - 1:
+            raise PluginContainerError(f"umount {target}: still in the plugin's mounts")

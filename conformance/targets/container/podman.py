@@ -16,9 +16,13 @@ podman's built-in rlimits (nofile=1048576) are refused on this machine, hence ex
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import os
+import re
 import secrets
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -27,9 +31,33 @@ from pathlib import Path
 from typing import IO, Any
 
 from conformance.contract.ledger import Ledger
+from conformance.guest.cdi_resolve import SpecError, parse_spec
 
 ULIMITS = ("nofile=1024:1024", "nproc=1024:1024")
+# podman 4.3 (Debian 12) vendors container-device-interface 0.5: it refuses every spec whose
+# cdiVersion is newer than 0.5.0, even one whose content needs nothing newer (a 0.6 library
+# writes the lowest version its content needs). Such a spec is shown to podman as 0.5.0, every
+# other byte as the plugin wrote it, and each run says so (cdi_view); one that needs more is
+# left as written, and podman refuses it as a 0.5 runtime would.
+RUNTIME_CDI_VERSION = "0.5.0"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+CDI_06_PODMAN = (4, 7)  # the first podman vendoring container-device-interface 0.6
+
+
+@functools.cache
+def _podman_version() -> tuple[int, int]:
+    out = subprocess.run(["podman", "--version"], capture_output=True, text=True, check=False)
+    found = re.search(r"(\d+)\.(\d+)", out.stdout)
+    return (int(found[1]), int(found[2])) if found else (0, 0)
+
+
+def _newer(version: str, than: str) -> bool:
+    try:
+        return tuple(map(int, version.split("."))) > tuple(map(int, than.split(".")))
+    except ValueError:
+        return False  # not a version: podman refuses it, as it should
 
 
 def cgroup_mounts() -> list[Path]:
@@ -66,14 +94,54 @@ class PodmanRuntime:
         self.conf.write_text(
             "[containers]\ndefault_ulimits = [" + ", ".join(f'"{u}"' for u in ULIMITS) + "]\n"
         )
+        self.work_dir = work_dir
         self._count = 0
         self._procs: list[subprocess.Popen[Any]] = []
+        self.view_notes: list[str] = []  # what the last command's CDI view changed
         for mount in cgroup_mounts():
             self.ledger.record("cgroup", str(mount / self.cgroup), "podman cgroup parent")
 
     def new_name(self) -> str:
         self._count += 1
         return f"hvw-{self.token}-{self._count}"
+
+    def cdi_view(self, name: str) -> Path:
+        """The CDI dir podman reads for one run: the node's own, or (when a spec is only newer
+        than podman accepts) a copy of it with that spec's cdiVersion lowered, nothing else."""
+        lowered: dict[str, bytes] = {}
+        self.view_notes = []
+        if _podman_version() >= CDI_06_PODMAN:
+            return self.cdi_dir
+        for path in sorted(self.cdi_dir.iterdir()):
+            if path.suffix != ".json" or path.is_symlink() or not path.is_file():
+                continue  # never opened: a FIFO would block; podman judges these as they are
+            try:
+                data: Any = json.loads(path.read_bytes())
+            except (OSError, ValueError):
+                continue  # unreadable or malformed: podman judges it as it is
+            version = data.get("cdiVersion") if isinstance(data, dict) else None
+            if not isinstance(version, str) or not _newer(version, RUNTIME_CDI_VERSION):
+                continue
+            shown = json.dumps({**data, "cdiVersion": RUNTIME_CDI_VERSION}, indent=2) + "\n"
+            try:
+                parse_spec(shown, str(path))  # fails when the content needs a newer version
+            except SpecError:
+                continue
+            lowered[path.name] = shown.encode()
+            self.view_notes.append(
+                f"{path.name}: cdiVersion {version} shown to podman "
+                f"{'.'.join(map(str, _podman_version()))} as "
+                f"{RUNTIME_CDI_VERSION} (its content needs no newer one)"
+            )
+        if not lowered:
+            return self.cdi_dir
+        view = self.work_dir / f"cdi-view-{name}"
+        self.ledger.record("dir", str(view), "CDI view for podman")
+        view.mkdir(mode=0o755)
+        for path in sorted(self.cdi_dir.iterdir()):
+            if path.is_file() and not path.is_symlink():
+                (view / path.name).write_bytes(lowered.get(path.name) or path.read_bytes())
+        return view
 
     def command(
         self,
@@ -109,7 +177,7 @@ class PodmanRuntime:
                 "if mountpoint -q /sys/fs/cgroup/unified; then umount /sys/fs/cgroup/unified; fi",
                 "if [ -d /etc/cdi ]; then mount -t tmpfs -o mode=0755,size=1m hv-etc-cdi /etc/cdi; fi",
                 "mkdir /run/cdi",
-                f"mount --bind {shlex.quote(str(self.cdi_dir))} /run/cdi",
+                f"mount --bind {shlex.quote(str(self.cdi_view(name)))} /run/cdi",
                 "exec " + shlex.join(podman),
             ]
         )
@@ -134,6 +202,8 @@ class PodmanRuntime:
             self._terminate(proc)
             out, err = proc.communicate()
             raise subprocess.TimeoutExpired(list(argv), timeout, out, err) from None
+        finally:
+            shutil.rmtree(self.work_dir / f"cdi-view-{name}", ignore_errors=True)
         return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
 
     def start(
@@ -187,6 +257,8 @@ class PodmanRuntime:
                         os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)
         left = [f"pids {sorted(pids)} in {self.cgroup}"] if self.cgroup_pids() else []
+        for view in self.work_dir.glob("cdi-view-*"):  # those of long-running workloads
+            shutil.rmtree(view, ignore_errors=True)
         for mount in cgroup_mounts():
             top = mount / self.cgroup
             if top.is_dir():

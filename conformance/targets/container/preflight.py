@@ -4,7 +4,8 @@ On top of the local target's needs: the Docker engine the plugin container runs 
 private dockerd the harness starts, with its containerd; or HV_DOCKER_HOST's, which must answer),
 podman with CDI `--device` support for the workloads, on crun (runc cannot run on this cgroup
 layout), debootstrap for the offline image base, and a cgroup hierarchy for podman's cgroupfs
-manager. Versions in the environment are asked from the programs themselves.
+manager; and helm when the plugin under test is deployed from a chart (its container is the
+chart's render). Versions in the environment are asked from the programs themselves.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from conformance.contract import hostfacts
-from conformance.contract.preconditions import Found, Requirement, tool, version_of
+from conformance.contract import hostfacts, runcontext
+from conformance.contract.preconditions import Found, Requirement, ask, tool, version_of
+from conformance.manifests.chart import ChartError, helm_binary
 from conformance.targets.container.engine import ping
 from conformance.targets.local.preflight import local_requirements
 
@@ -30,6 +32,33 @@ def _external_engine(host: str) -> Requirement:
         "the plugin container (HV_DOCKER_HOST)",
         f"an engine answering at {host}",
         "start that engine or unset HV_DOCKER_HOST (a private dockerd is started then)",
+        probe,
+    )
+
+
+def _from_chart() -> bool:
+    """The run's plugin is deployed from a chart (no run context: as the shipped profile is)."""
+    try:
+        deploy = runcontext.current().plugin.deploy
+    except (RuntimeError, OSError, ValueError):
+        return True
+    return deploy is not None and deploy.chart is not None
+
+
+def _helm() -> Requirement:
+    def probe() -> Found:
+        try:
+            binary = helm_binary()
+        except ChartError as exc:
+            return Found(f"missing ({exc})", False, "helm_binary()")
+        line, shown = ask([binary, "version", "--short"])
+        return Found(line or "unusable", line is not None, shown)
+
+    return Requirement(
+        "helm",
+        "the plugin container is the profile's chart's render",
+        "a working helm (v4)",
+        "`./dev nox -s helm` builds the pinned one, or set HV_HELM",
         probe,
     )
 
@@ -85,6 +114,7 @@ def preconditions(target: str = "local", runtime: str = "container") -> list[Req
             fix=BOOTSTRAP_FIX,
         ),
         hostfacts.cgroups("podman's cgroupfs manager", ("memory", "pids")),
+        *([_helm()] if _from_chart() else []),
     ]
 
 
