@@ -38,8 +38,31 @@ def refusal(plugin: PluginUnderTest, target: str, runtime: str, *, image: str = 
         )
     if image and not from_image:
         return f"--image: {where} runs the profile's command as a process, not an image"
+    if runtime == "container" and plugin.deploy is not None:
+        problem = _container_problem(plugin)
+        if problem:
+            return problem
     if target == "kind" and "/dev/mshv" in plugin.paths.devices:
         return f"paths.devices: {where} gives its node the host's /dev/kvm only, not /dev/mshv"
     if target == "aks" and len(plugin.paths.devices) > 1:
         return f"paths.devices: {where} tests one hypervisor per run; list /dev/kvm or /dev/mshv"
+    return ""
+
+
+def _container_problem(plugin: PluginUnderTest) -> str:
+    """What of the profile's plugin container the container runtime cannot honour ('' when
+    all of it can). helm missing is the preflight's to report (environment_blocked)."""
+    from conformance.contract.errors import Unhonoured
+    from conformance.contract.results import EnvironmentBlocked
+    from conformance.manifests.render import ManifestError
+    from conformance.targets.container.spec import container_spec
+
+    try:
+        container_spec(plugin)
+    except Unhonoured as exc:
+        return str(exc).splitlines()[0]
+    except ManifestError as exc:
+        return f"deploy: {str(exc).splitlines()[0]}"
+    except EnvironmentBlocked:
+        return ""
     return ""

@@ -175,3 +175,23 @@ def test_the_run_context_carries_the_deploy_section_unchanged(tmp_path: Path) ->
     ctx = RunContext("r1", str(tmp_path), "kind", "process", plugin, recovery_timeout_s=12.5)
     back = runcontext.read(ctx.write())
     assert back == ctx and back.plugin.deploy == plugin.deploy
+
+
+def test_the_container_runtime_refuses_what_it_cannot_honour_before_anything(
+    tmp_path: Path,
+) -> None:
+    """An env value from the downward API cannot be given to a plain container: exit 2, one
+    line naming the field, nothing written (it used to fail every check instead)."""
+    ds = yaml.safe_load(yaml.safe_dump(DAEMONSET))
+    plugin = ds["spec"]["template"]["spec"]["containers"][1]
+    plugin["env"] = [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    profile = acme_profile(tmp_path)
+    (tmp_path / "deploy" / "ds.yaml").write_text(yaml.safe_dump_all([ds]))
+    proc = subprocess.run(
+        [*HVCONFORM, "run", "--runtime", "container", "--plugin-profile", str(profile),
+         "--reports-root", str(tmp_path / "reports")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and "valueFrom" in proc.stderr, proc.stderr
+    assert not (tmp_path / "reports").exists()
