@@ -67,7 +67,11 @@ class Deploy:
     image: str
     pods: Pods
     chart: Chart | None = None
-    manifests: tuple[str, ...] = ()  # absolute paths of multi-document YAML files
+    # target (or "*") -> absolute paths of multi-document YAML files; a plain list is "*"
+    manifests: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def manifests_for(self, target: str) -> tuple[str, ...]:
+        return self.manifests.get(target, self.manifests.get("*", ()))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -79,7 +83,7 @@ class Deploy:
                 "values": {k: list(v) for k, v in self.chart.values.items()},
                 "set": dict(self.chart.set),
             },
-            "manifests": list(self.manifests),
+            "manifests": {k: list(v) for k, v in self.manifests.items()},
             "pods": {
                 "namespace": self.pods.namespace,
                 "labels": dict(self.pods.labels),
@@ -100,7 +104,7 @@ class Deploy:
                 values={k: tuple(v) for k, v in chart["values"].items()},
                 set=dict(chart["set"]),
             ),
-            manifests=tuple(data["manifests"]),
+            manifests={k: tuple(v) for k, v in data["manifests"].items()},
             pods=Pods(
                 labels=dict(pods["labels"]),
                 container=pods["container"],
@@ -205,12 +209,17 @@ def parse_deploy(value: Any, where: str, base: Path) -> Deploy | None:
     has_chart, has_files = value.get("chart") is not None, value.get("manifests") is not None
     if has_chart == has_files:
         raise ProfileError(f"{where}: give exactly one of chart and manifests")
-    files: tuple[str, ...] = ()
+    files: dict[str, tuple[str, ...]] = {}
     if has_files:
         raw = value["manifests"]
-        if not isinstance(raw, list) or not raw or len(raw) > MAX_FILES:
-            raise ProfileError(f"{where}.manifests: want a list of 1..{MAX_FILES} files")
-        files = tuple(_file(f, f"{where}.manifests[{i}]", base) for i, f in enumerate(raw))
+        by_target = raw if isinstance(raw, dict) else {"*": raw}
+        for key, listed in by_target.items():
+            at = f"{where}.manifests" + ("" if raw is listed else f".{key}")
+            if key not in VALUES_KEYS:
+                raise ProfileError(f"{at}: key {key!r:.40} is not one of {', '.join(VALUES_KEYS)}")
+            if not isinstance(listed, list) or not listed or len(listed) > MAX_FILES:
+                raise ProfileError(f"{at}: want a list of 1..{MAX_FILES} files")
+            files[key] = tuple(_file(f, f"{at}[{i}]", base) for i, f in enumerate(listed))
     return Deploy(
         image=image,
         chart=_chart(value["chart"], f"{where}.chart", base) if has_chart else None,

@@ -129,7 +129,10 @@ def render_deploy(deploy: Deploy, target: str, *, namespace: str, image: str = "
         objects = parse_objects(text, f"helm template {chart.path}")
     else:
         objects = []
-        for path in deploy.manifests:
+        files = deploy.manifests_for(target)
+        if not files:
+            raise ManifestError(f"deploy.manifests: none for target {target!r} and no '*' entry")
+        for path in files:
             objects += parse_objects(_read_manifest(path), path)
     objects = copy.deepcopy(objects)
     notes: list[str] = []

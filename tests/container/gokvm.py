@@ -31,8 +31,9 @@ def variant_profile(tmp_path: Path, defect: str = "") -> Path:
     data = yaml.safe_load(PROFILE.read_text())
     profile = load_profile(PROFILE)
     assert profile.deploy is not None, f"{PROFILE} has no deploy section"
-    manifests = []
-    for i, manifest in enumerate(profile.deploy.manifests):
+    manifests: dict[str, list[str]] = {}
+    listed = [(key, path) for key, paths in profile.deploy.manifests.items() for path in paths]
+    for i, (key, manifest) in enumerate(listed):
         objects = list(yaml.safe_load_all(Path(manifest).read_text()))
         for obj in objects:
             if obj.get("kind") != "DaemonSet":
@@ -43,7 +44,7 @@ def variant_profile(tmp_path: Path, defect: str = "") -> Path:
                     container["env"] = [*env, {"name": DEFECT, "value": defect}]
         out = tmp_path / f"manifest-{i}.yaml"
         out.write_text(yaml.safe_dump_all(objects))
-        manifests.append(str(out))
+        manifests.setdefault(key, []).append(str(out))
     data["deploy"]["manifests"] = manifests
     data["command"] = [str(GO_KVM_DIR / "bin" / "go-kvm"), *data["command"][1:]]
     data["env"] = {DEFECT: defect} if defect else {}

@@ -93,9 +93,10 @@ def test_the_go_kvm_fixture_runs_its_daemonset() -> None:
     assert spec.env == {"GOKVM_DEFECT": ""} and spec.health_port is None
     assert spec.exec_probes == {}
     assert plugin.deploy is not None
-    manifest = yaml.safe_load(Path(plugin.deploy.manifests[0]).read_text())
-    image = manifest["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert image == plugin.image, "the manifest names the image the profile pins"
+    for files in plugin.deploy.manifests.values():  # local and the clusters' ("*")
+        manifest = yaml.safe_load(Path(files[0]).read_text())
+        image = manifest["spec"]["template"]["spec"]["containers"][0]["image"]
+        assert image == plugin.image, "the manifest names the image the profile pins"
 
 
 def test_an_http_probe_uses_the_httpget_port() -> None:
