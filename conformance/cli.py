@@ -402,7 +402,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
     counts = data["run"].get("counts", {})
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no check results"
     print(f"hvconform: {summary}; results.json at {results}")
-    failed = any(c["status"] == "failed" for c in data["checks"])
+    # blocked: a check that could not run on a node left dirty or never up verified nothing, so
+    # the run did not pass either (environment_blocked runs exit 6 through the preflight)
+    failed = any(c["status"] in ("failed", "blocked") for c in data["checks"])
     return inputs.exit_code(code, failed=failed)
 
 
