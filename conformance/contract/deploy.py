@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from conformance.contract.errors import ProfileError
+from conformance.contract.profile_rules import known_keys
 
 # distribution/reference's grammar without IPv6 registry hosts: a tag or a digest is required.
 _DOMAIN = (
@@ -150,9 +151,7 @@ def _labels(value: Any, where: str) -> dict[str, str]:
 def _pods(value: Any, where: str) -> Pods:
     if not isinstance(value, dict):
         raise ProfileError(f"{where}: want a mapping with labels and container")
-    unknown = set(value) - _POD_KEYS
-    if unknown:
-        raise ProfileError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))[:120]}")
+    known_keys(value, _POD_KEYS, where)
     container = value.get("container")
     if not isinstance(container, str) or not _DNS_LABEL.fullmatch(container):
         raise ProfileError(f"{where}.container: want a container name, got {container!r:.60}")
@@ -165,9 +164,7 @@ def _pods(value: Any, where: str) -> Pods:
 def _chart(value: Any, where: str, base: Path) -> Chart:
     if not isinstance(value, dict):
         raise ProfileError(f"{where}: want a mapping with path, values and set")
-    unknown = set(value) - _CHART_KEYS
-    if unknown:
-        raise ProfileError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))[:120]}")
+    known_keys(value, _CHART_KEYS, where)
     path = _file(value.get("path"), f"{where}.path", base, directory=True)
     if not (Path(path) / "Chart.yaml").is_file():
         raise ProfileError(f"{where}.path: {path!r:.120} has no Chart.yaml")
@@ -197,9 +194,7 @@ def parse_deploy(value: Any, where: str, base: Path) -> Deploy | None:
         return None
     if not isinstance(value, dict):
         raise ProfileError(f"{where}: want a mapping with image, chart or manifests, and pods")
-    unknown = set(value) - _DEPLOY_KEYS
-    if unknown:
-        raise ProfileError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))[:120]}")
+    known_keys(value, _DEPLOY_KEYS, where)
     image = value.get("image")
     if not isinstance(image, str):
         raise ProfileError(f"{where}.image: want an image reference, got {image!r:.60}")
