@@ -3,8 +3,9 @@
 Kept apart from conformance.cli so the rules (and the exit codes README lists) have one home:
 
   0   every selected check passed (report: and the run was complete)
-  1   a check failed or was blocked; report: failed or partial; metadata: rejected; manifests --check: a policy
-      violation; bench: a correctness figure missed or a step broke; compare: a regression
+  1   a check failed or was blocked; report: failed or partial; metadata: rejected;
+      manifests --check: a policy violation; bench: a correctness figure missed or a step
+      broke; compare: a regression
   2   unusable input, refused with one line before anything is written: options, a marker
       expression that does not parse, output paths that are files or not empty, results or
       snapshots that are not what they claim (binary, deep, NaN), pytest arguments after --
