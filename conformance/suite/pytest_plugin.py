@@ -189,6 +189,18 @@ def _check_id(nodeid: str) -> str | None:
     return check_id if check_id in BY_ID else None
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_report_teststatus(
+    report: pytest.TestReport, config: pytest.Config
+) -> tuple[str, str, str] | None:
+    """No progress letters: each check's own `[hvconform N]` line is the progress (pytest's
+    dots and s's interleaved with them, one per line)."""
+    if report.when == "call" or not report.passed:
+        category = "error" if report.failed and report.when != "call" else report.outcome
+        return category, "", report.outcome.upper()
+    return None
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     config = _CONFIG.get("config")
     check_id = _check_id(report.nodeid)
