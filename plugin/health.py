@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from plugin import metrics
@@ -32,6 +33,9 @@ class HealthState:
         self.device = Condition(False, "device not checked yet")
         self.cdi = Condition(False, "CDI spec not checked yet")
         self.streams = 0
+        # server tag -> [open now, opened ever]: which gRPC server a stream came through
+        self._by_server: dict[int, list[int]] = {}
+        self._on_stream_closed: list[Callable[[], None]] = []
         self.no_streams = asyncio.Event()
         self.no_streams.set()
         self._healthy = False
@@ -129,16 +133,36 @@ class HealthState:
             await self._changed.wait()
         return self.generation
 
+    def add_stream_closed_listener(self, listener: Callable[[], None]) -> None:
+        """Also call `listener` (sync, on the loop) each time a stream closes."""
+        self._on_stream_closed.append(listener)
+
+    def server_streams(self, server: int) -> tuple[int, int]:
+        """(open now, opened ever) of the streams that came through server `server`."""
+        open_now, ever = self._by_server.get(server, (0, 0))
+        return open_now, ever
+
+    def forget_servers_but(self, server: int) -> None:
+        """Drop the counts of every other server (retired ones): bounded over a long life."""
+        self._by_server = {tag: n for tag, n in self._by_server.items() if tag == server}
+
     # Sync on purpose: called from a stream's finally block, which may run during cancellation.
-    def stream_opened(self) -> None:
+    def stream_opened(self, server: int = 0) -> None:
         self.streams += 1
+        counts = self._by_server.setdefault(server, [0, 0])
+        counts[0] += 1
+        counts[1] += 1
         self.no_streams.clear()
         metrics.STREAMS.set(self.streams)
         self._publish()
 
-    def stream_closed(self) -> None:
+    def stream_closed(self, server: int = 0) -> None:
         self.streams -= 1
+        if server in self._by_server:  # a retired server's may be forgotten already
+            self._by_server[server][0] -= 1
         if self.streams == 0:
             self.no_streams.set()
         metrics.STREAMS.set(self.streams)
         self._publish()
+        for listener in self._on_stream_closed:
+            listener()

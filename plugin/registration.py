@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import random
 import secrets
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,6 +57,19 @@ def _remove_own(socket: Path, inode: tuple[int, int] | None) -> None:
             socket.unlink()
 
 
+def _listening(path: Path) -> bool:
+    """Something accepts connections on this unix socket now (a non-blocking connect)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.setblocking(False)
+        try:
+            probe.connect(str(path))
+        except BlockingIOError:  # backlog full: listening, and busy
+            return True
+        except OSError:
+            return False
+    return True
+
+
 def _inode(path: Path) -> tuple[int, int] | None:
     try:
         st = path.lstat()
@@ -85,6 +99,11 @@ class Registrar:
         self._reasserted_at = float("-inf")
         self._reassert_later: asyncio.TimerHandle | None = None
         self.registrations = 0
+        # Each server gets a tag; the tag of the server the kubelet accepted (None: not
+        # registered). Its streams are the kubelet's reading of that registration.
+        self._server_tag = 0
+        self._registered_tag: int | None = None
+        health.add_stream_closed_listener(self._kick.set)
         self._retiring: set[asyncio.Task[None]] = set()  # servers being stopped
         self._retired: set[str] = set()  # socket names of this process's former servers
 
@@ -137,7 +156,9 @@ class Registrar:
             path = self._cfg.device_plugin_dir / name
             opts = [("grpc.max_receive_message_length", MAX_REQUEST_BYTES)]
             server = grpc.aio.server(options=opts)
-            self._make_servicer().add_to_server(server)
+            self._server_tag += 1
+            self._health.forget_servers_but(self._server_tag)
+            self._make_servicer().add_to_server(server, self._server_tag)
             health_pb2_grpc.add_HealthServicer_to_server(GrpcHealth(self._health), server)
             try:
                 # grpcio says RuntimeError when it cannot bind (no dir, not a dir, no access)
@@ -222,6 +243,7 @@ class Registrar:
                 backoff = min(backoff * 2, self._cfg.register_backoff_max_s)
                 continue
             self.registrations += 1
+            self._registered_tag = self._server_tag  # the server that is serving: the current one
             metrics.REGISTRATIONS.labels(result="ok").inc()
             log(
                 "registered",
@@ -239,12 +261,39 @@ class Registrar:
         )
         return False
 
+    def _stream_lost(self) -> bool:
+        """Every ListAndWatch stream the kubelet opened on the registered server has ended.
+
+        The kubelet then reads nothing more from this endpoint: when the stream ends (either
+        side, a broken connection too) client.go `Run` returns and handler.go `runClient`
+        disconnects it, marking every device unhealthy; only a new Register brings them back
+        (v1.37.2 pkg/kubelet/cm/devicemanager/plugin/v1beta1). Streams of servers this process
+        retired (a kubelet may still open one as it goes) are not this registration's.
+
+        Only while the kubelet we registered with still listens: a stream also ends when the
+        kubelet stops, and registering then would race its start-up cleanup (which deletes the
+        socket just served, and the kubelet's dial of it hangs); its restart is seen as such."""
+        tag = self._registered_tag
+        if tag is None:
+            return False
+        open_now, ever = self._health.server_streams(tag)
+        kubelet = self._cfg.device_plugin_dir / KUBELET_SOCKET
+        return (
+            ever > 0
+            and open_now == 0
+            and not self._health.shutting_down
+            and _inode(kubelet) == self._kubelet_inode
+            and _listening(kubelet)
+        )
+
     def _restart_needed(self) -> str:
         if self._socket is None or _inode(self._socket) != self._socket_inode:
             return "own socket removed"
         kubelet = _inode(self._cfg.device_plugin_dir / KUBELET_SOCKET)
         if kubelet is not None and kubelet != self._kubelet_inode:
             return "kubelet.sock re-created"
+        if self._stream_lost():
+            return "ListAndWatch stream ended: the kubelet disconnected this endpoint"
         return ""
 
     async def _wait_restart_needed(self) -> str:
@@ -264,6 +313,7 @@ class Registrar:
             while True:
                 reason = await self._wait_restart_needed()
                 log("restart_detected", reason=reason, registered=registered)
+                self._registered_tag = None  # the server about to go: its streams are not lost
                 if registered:
                     self._health.set_registered(False, f"re-registering: {reason}")
                 await self._serve()

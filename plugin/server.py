@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -71,10 +72,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._max_allocate_bytes = max_allocate_bytes(self._ids)
         self._allocating: set[asyncio.Task[object]] = set()
 
-    def add_to_server(self, server: grpc.aio.Server) -> None:
+    def add_to_server(self, server: grpc.aio.Server, tag: int = 0) -> None:
         """The generated registration, except that Allocate and GetPreferredAllocation read
         their requests through a size check: megabytes the kubelet would never send are
-        refused unparsed, and parsing them would hold the event loop."""
+        refused unparsed, and parsing them would hold the event loop. Streams are counted under
+        `tag`: the registrar tells the streams of its current server from older ones."""
         limit = self._max_allocate_bytes
         handlers = {
             "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
@@ -83,7 +85,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 response_serializer=pb.DevicePluginOptions.SerializeToString,
             ),
             "ListAndWatch": grpc.unary_stream_rpc_method_handler(
-                self.ListAndWatch,
+                functools.partial(self.ListAndWatch, server_tag=tag),
                 request_deserializer=pb.Empty.FromString,
                 response_serializer=pb.ListAndWatchResponse.SerializeToString,
             ),
@@ -143,8 +145,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self,
         request: pb.Empty,
         context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse],
+        server_tag: int = 0,
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
-        self._health.stream_opened()
+        self._health.stream_opened(server_tag)
         log("stream_opened", streams=self._health.streams)
         try:
             seen = self._health.generation
@@ -158,7 +161,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                     return
                 yield self._snapshot()
         finally:
-            self._health.stream_closed()
+            self._health.stream_closed(server_tag)
             log("stream_closed", streams=self._health.streams)
 
     async def GetPreferredAllocation(

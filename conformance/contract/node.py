@@ -36,6 +36,18 @@ CAP_PRE_START = "pre-start-container"
 # judged on what the kubelet sees: health in ListAndWatch, allocatable, Allocate answers.
 CAP_READINESS = "readiness"
 CAP_LIVENESS = "liveness"
+# Workloads as pods: admitted by the kubelet, re-admitted after its restarts, reported by its
+# pod-resources API (List, GetAllocatableResources), replaced by their controller when they fail.
+CAP_PODS = "pods"
+# The whole node rebooted: kubelet stopped, every pod sandbox removed, the kubelet and the plugin
+# started again as the target starts them; the kubelet's checkpoint and event record readable.
+CAP_NODE_REBOOT = "node-reboot"
+# The plugin (re)started while its hypervisor device is absent from where it looks.
+CAP_DEVICE_LATE = "device-late"
+# The kubelet ends the plugin's ListAndWatch stream while it runs on (and disconnects it).
+CAP_STREAM_END = "stream-end"
+# The kubelet reports each held device's health in pod status (allocatedResourcesStatus, KEP-4680).
+CAP_POD_DEVICE_HEALTH = "pod-device-health"
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,39 @@ class ReadStats:
     errors: int
     unexpected: int  # reads that were neither of the accepted contents (torn or foreign)
     first_seen: dict[int, float]  # accepted content index -> first monotonic time it was read
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class PodView:
+    """One workload pod holding the device, as the API and the kubelet report it."""
+
+    uid: str
+    name: str
+    owner: str  # the controller that runs it again when it fails ("": a bare pod)
+    phase: str  # Pending, Running, Failed
+    reason: str  # e.g. UnexpectedAdmissionError
+    message: str
+    container_id: str
+    restart_count: int
+
+
+@dataclass(frozen=True)
+class PodResources:
+    """The kubelet's pod-resources API for the plugin's resource."""
+
+    devices: dict[str, tuple[str, ...]]  # List: active pod uid -> device IDs of its container
+    allocatable: tuple[str, ...]  # GetAllocatableResources: the healthy device IDs
+
+
+@dataclass(frozen=True)
+class NodeEvent:
+    """What the kubelet did, in order: "registered", "allocatable" (value: healthy devices
+    after a change), "admitted" and "refused" (detail: the reason and message)."""
+
+    t: float  # monotonic
+    kind: str
+    value: int = 0
     detail: str = ""
 
 
@@ -150,6 +195,23 @@ class Node(Protocol):
     # a rolling update of whatever deploys the plugin (CAP_ROLLOUT)
     def start_rollout(self) -> None: ...
     def rollout_done(self) -> bool: ...
+
+    # pods holding one device each, running a counting guest (CAP_PODS)
+    def start_pod(self, owner: str = "") -> PodView: ...  # admitted (or refused) on return
+    def pods(self) -> list[PodView]: ...  # every pod the API knows on this node
+    def pod_counter(self, uid: str) -> int: ...  # the guest counter of its running container
+    def delete_pod(self, uid: str) -> None: ...  # deleted and not replaced
+    def pod_resources(self) -> PodResources: ...
+    def pod_device_health(self, uid: str) -> dict[str, bool]: ...  # device ID -> Healthy
+
+    # whole-node faults
+    def plugin_running(self) -> bool: ...  # the plugin process (or container) is up
+    def stop_node(self) -> None: ...  # CAP_NODE_REBOOT: kubelet, plugin, sandboxes all gone
+    def boot_node(self, device_usable: bool) -> float: ...  # monotonic kubelet start
+    def checkpoint_pod_uids(self) -> set[str]: ...  # pods assigned devices in the checkpoint
+    def node_events(self, since: float) -> list[NodeEvent]: ...
+    def start_plugin_without_device(self) -> float: ...  # CAP_DEVICE_LATE: its start
+    def end_plugin_stream(self) -> float: ...  # CAP_STREAM_END: monotonic time it ended
 
 
 def require(node: Node, *caps: str) -> None:

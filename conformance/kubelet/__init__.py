@@ -22,6 +22,7 @@ from .admission import (
     AllocationOutcome,
 )
 from .emulator import KubeletEmulator
+from .pods import ContainerRuntime, PodRecord
 from .threaded import ThreadedKubeletEmulator
 from .validation import is_extended_resource_name, resource_name_error, version_error
 
@@ -35,9 +36,11 @@ __all__ = [
     "Accounting",
     "AllocationOutcome",
     "AllocationRecord",
+    "ContainerRuntime",
     "EventKind",
     "KubeletEmulator",
     "PluginOptions",
+    "PodRecord",
     "RegistrationRecord",
     "ResourceState",
     "ThreadedKubeletEmulator",

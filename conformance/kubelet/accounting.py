@@ -32,6 +32,7 @@ class EventKind(enum.StrEnum):
     ALLOCATED = "allocated"
     ALLOCATION_FAILED = "allocation_failed"
     RELEASED = "released"
+    POD = "pod"  # a pod's phase changed (pods.py)
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,9 @@ class Accounting:
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._devices: dict[str, _Devices] = {}
+        # allDevices: each device's health as last advertised. A disconnect does not touch it
+        # (markResourceUnhealthy moves only the healthy set), so pod status keeps saying Healthy.
+        self._advertised: dict[str, dict[str, str]] = {}
         self._registrations: dict[str, list[RegistrationRecord]] = {}
         self._allocations: dict[int, AllocationRecord] = {}
         self._reserved: dict[str, set[str]] = {}
@@ -145,7 +149,9 @@ class Accounting:
         unhealthy: set[str] = set()
         seen: set[str] = set()
         duplicates: set[str] = set()
+        advertised: dict[str, str] = {}
         for dev in devices:
+            advertised[dev.ID] = dev.health
             if dev.ID in seen:
                 duplicates.add(dev.ID)
             seen.add(dev.ID)
@@ -153,6 +159,7 @@ class Accounting:
             (healthy if dev.health == HEALTHY else unhealthy).add(dev.ID)
         with self._lock:
             self._devices[resource] = _Devices(healthy, unhealthy)
+            self._advertised[resource] = advertised
             return self.record(
                 EventKind.SNAPSHOT,
                 resource,
@@ -184,6 +191,7 @@ class Accounting:
         """Kubelet start: only checkpointed resources survive, each with no devices."""
         with self._lock:
             self._devices = {name: _Devices() for name in checkpoint_resources}
+            self._advertised = {}
             self._allocations = {a.alloc_id: a for a in allocations}
             self._reserved = {}
             if self._allocations:
@@ -259,6 +267,11 @@ class Accounting:
                 frozenset(devs.healthy),
                 frozenset(devs.unhealthy),
             )
+
+    def advertised_health(self, resource: str, device_id: str) -> str | None:
+        """The device's health in the plugin's last list; None when it never advertised it."""
+        with self._lock:
+            return self._advertised.get(resource, {}).get(device_id)
 
     def summary(self) -> dict[str, tuple[int, int]]:
         """resource -> (capacity, allocatable); the default 'last observed' of a wait."""

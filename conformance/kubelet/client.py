@@ -156,6 +156,14 @@ class PluginEndpoint:
         except grpc.aio.AioRpcError as err:
             raise EndpointError(rpc_error_text(err)) from err
 
+    async def end_stream(self) -> None:
+        """The stream ends on the kubelet's side while the kubelet runs on: the consumer's end
+        callback runs as for any stream end (closing stays False: not the kubelet's teardown)."""
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+
     async def close(self) -> None:
         """Tear down as the kubelet: end the stream, close the connection, wait for the task."""
         self.closing = True

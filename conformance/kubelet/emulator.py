@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,8 @@ from .accounting import (
 )
 from .admission import Admission, AllocationOutcome
 from .client import EndpointError, PluginEndpoint
-from .sockets import KubeletSocket, cleanup_plugin_dir
+from .pods import ContainerRuntime, PodManager
+from .sockets import KubeletSocket, RegistrationServicer, cleanup_plugin_dir
 from .validation import (
     CHECKPOINT_NAME,
     DEPRECATION_NAME,
@@ -41,22 +43,6 @@ from .validation import (
     resource_name_error,
     version_error,
 )
-
-
-class _RegistrationServicer(pb_grpc.RegistrationServicer):
-    def __init__(self, emulator: KubeletEmulator) -> None:
-        self._emulator = emulator
-
-    async def Register(
-        self,
-        request: pb.RegisterRequest,
-        context: grpc.aio.ServicerContext[pb.RegisterRequest, pb.Empty],
-    ) -> pb.Empty:
-        error = await self._emulator._handle_register(request)
-        if error is not None:
-            # A Go handler returning a plain error reaches the client as UNKNOWN + its text.
-            await context.abort(grpc.StatusCode.UNKNOWN, error)
-        return pb.Empty()
 
 
 class KubeletEmulator:
@@ -88,6 +74,15 @@ class KubeletEmulator:
         self._admission = Admission(
             self.accounting, self._endpoints.get, self._write_checkpoint, prestart_timeout_s
         )
+        # Pods, their re-admission and the controller: only with a container runtime attached.
+        self.pods: PodManager | None = None
+
+    def attach_runtime(self, runtime: ContainerRuntime) -> None:
+        """Model pods from now on: allocate() records a bare pod, starts re-admit every pod."""
+        self.pods = PodManager(
+            self.accounting, self._admission, runtime, running=lambda: self._running,
+            spawn=self._spawn,
+        )  # fmt: skip
 
     @property
     def kubelet_socket(self) -> Path:
@@ -131,18 +126,24 @@ class KubeletEmulator:
         self.accounting.record(
             EventKind.KUBELET_STARTED, generation=self.generation, restored=restored
         )
+        if self.pods is not None:
+            await self.pods.readmit()
 
     async def stop(self, *, graceful: bool = True) -> None:
         """Stop; graceful removes kubelet.sock, a crash (graceful=False) leaves it behind."""
         if self._socket.server is None:
             return
         self._running = False
+        if self.pods is not None:
+            self.pods.sources_ready = False
         self._cancel_all_grace()
         endpoints = set(self._endpoints.values()) | self._superseded
         for ep in endpoints:
             ep.closing = True
-        await asyncio.gather(*(ep.close() for ep in endpoints))
+        # The listener goes first: a dying kubelet answers no Register while its streams end,
+        # as a process that exits drops its listening socket with its connections.
         await self._socket.stop(graceful)
+        await asyncio.gather(*(ep.close() for ep in endpoints))
         while self._background:  # closing tasks may spawn more; drain until none is left
             tasks = list(self._background)
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -157,7 +158,9 @@ class KubeletEmulator:
         await self.start()
 
     def _add_servicers(self, server: grpc.aio.Server) -> None:
-        pb_grpc.add_RegistrationServicer_to_server(_RegistrationServicer(self), server)
+        pb_grpc.add_RegistrationServicer_to_server(
+            RegistrationServicer(self._handle_register), server
+        )
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -225,6 +228,8 @@ class KubeletEmulator:
             return
         self.accounting.apply_snapshot(ep.resource, response.devices)
         self._write_checkpoint()
+        if self.pods is not None:
+            self.pods.kick()  # a replacement pod may fit now
 
     def _on_stream_end(self, ep: PluginEndpoint, reason: str) -> None:
         current = self._endpoints.get(ep.resource)
@@ -265,6 +270,18 @@ class KubeletEmulator:
         self._write_checkpoint()
         self._schedule_grace(ep.resource, ep)
         self._spawn(ep.close_channel())
+
+    async def end_stream(self, resource: str) -> float:
+        """The kubelet's Recv on ListAndWatch fails with no restart (a broken connection): as
+        client.go Run returns, handler.go runClient disconnects the endpoint: every device
+        unhealthy at once, the grace period running, and nothing more read from that plugin
+        until it registers again. Returns the monotonic time the stream was ended."""
+        ep = self._endpoints.get(resource)
+        if ep is None or ep.stopped:
+            raise RuntimeError(f"no connected endpoint for {resource} whose stream could end")
+        ended = time.monotonic()
+        await ep.end_stream()
+        return ended
 
     def _schedule_grace(self, resource: str, ep: PluginEndpoint) -> None:
         self._cancel_grace(resource)
@@ -364,10 +381,19 @@ class KubeletEmulator:
         """Admit one container asking for `count` devices (see admission.py)."""
         if not self._running:
             raise RuntimeError("kubelet emulator is not running")
-        return await self._admission.allocate(
-            resource, count, container, pod_uid=pod_uid, rpc_timeout_s=rpc_timeout_s
+        uid = pod_uid or str(uuid.uuid4())
+        if self.pods is not None:  # a bare pod, known to gc while its allocation is held
+            self.pods.gc()
+            self.pods.add_bare(resource, count, uid)
+        outcome = await self._admission.allocate(
+            resource, count, container, pod_uid=uid, rpc_timeout_s=rpc_timeout_s
         )
+        if self.pods is not None:
+            self.pods.bare_admitted(uid, outcome.ok)
+        return outcome
 
     def release(self, allocation: AllocationRecord | int) -> bool:
         """Free an allocation's devices (the container ended); False if unknown."""
+        if self.pods is not None:
+            self.pods.forget_bare(allocation)  # its bare pod goes with it
         return self._admission.release(allocation)

@@ -1,4 +1,4 @@
-"""The kubelet's files in the plugin directory: start-up cleanup and kubelet.sock itself."""
+"""The kubelet's files in the plugin directory: start-up cleanup, kubelet.sock and its service."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ import shutil
 import socket
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
+
+from plugin.api import deviceplugin_pb2 as pb
+from plugin.api import deviceplugin_pb2_grpc as pb_grpc
 
 from .validation import CHECKPOINT_NAME, KUBELET_SOCKET_NAME
 
@@ -40,6 +43,24 @@ def cleanup_plugin_dir(plugin_dir: Path) -> list[str]:
             path.unlink()
             removed.append(name)
     return removed
+
+
+class RegistrationServicer(pb_grpc.RegistrationServicer):
+    """The Registration service on kubelet.sock; `handle` returns the error text or None."""
+
+    def __init__(self, handle: Callable[[pb.RegisterRequest], Awaitable[str | None]]) -> None:
+        self._handle = handle
+
+    async def Register(
+        self,
+        request: pb.RegisterRequest,
+        context: grpc.aio.ServicerContext[pb.RegisterRequest, pb.Empty],
+    ) -> pb.Empty:
+        error = await self._handle(request)
+        if error is not None:
+            # A Go handler returning a plain error reaches the client as UNKNOWN + its text.
+            await context.abort(grpc.StatusCode.UNKNOWN, error)
+        return pb.Empty()
 
 
 class KubeletSocket:

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from . import checkpoint
 from .accounting import (
     AllocationRecord,
     EventKind,
@@ -26,6 +27,7 @@ from .accounting import (
 )
 from .admission import AllocationOutcome
 from .emulator import KubeletEmulator
+from .pods import ContainerRuntime, PodManager, PodRecord
 
 T = TypeVar("T")
 
@@ -173,6 +175,59 @@ class ThreadedKubeletEmulator:
             return self.emulator.release(allocation)
 
         return self.call(release, timeout, "release of an allocation")
+
+    # --- pods (with a container runtime attached) -------------------------------------------
+
+    def attach_runtime(self, runtime: ContainerRuntime) -> None:
+        """Model pods (see pods.py); before start(): the manager lives on the loop."""
+
+        async def attach() -> None:
+            self.emulator.attach_runtime(runtime)
+
+        self.call(attach, None, "attach a container runtime")
+
+    def _pods(self) -> PodManager:
+        if self.emulator.pods is None:
+            raise RuntimeError("no container runtime attached: the emulator models no pods")
+        return self.emulator.pods
+
+    def create_pod(
+        self, resource: str, count: int = 1, owner: str = "", timeout: float | None = None
+    ) -> PodRecord:
+        pods = self._pods()
+        return self.call(lambda: pods.create(resource, count, owner), timeout, "create a pod")
+
+    def delete_pod(self, uid: str, timeout: float | None = None) -> None:
+        pods = self._pods()
+        self.call(lambda: pods.delete(uid), timeout, f"delete pod {uid}")
+
+    def pods(self) -> list[PodRecord]:
+        return self._pods().pods()
+
+    def container_started(self, uid: str, container_id: str) -> None:
+        self._pods().container_started(uid, container_id)
+
+    def pod_devices(self) -> dict[str, dict[str, tuple[str, ...]]]:
+        """pod-resources List: active pod uid -> resource -> device IDs."""
+        pods = self._pods()
+
+        async def listed() -> dict[str, dict[str, tuple[str, ...]]]:
+            return pods.list_devices()  # on the loop: it may free devices (gc)
+
+        return self.call(listed, None, "pod-resources List")
+
+    def device_health(self, uid: str) -> dict[str, str]:
+        return self._pods().device_health(uid)
+
+    def end_stream(self, resource: str, timeout: float | None = None) -> float:
+        return self.call(
+            lambda: self.emulator.end_stream(resource), timeout, f"end the {resource} stream"
+        )
+
+    def checkpoint_pod_uids(self) -> set[str]:
+        """Pods with an assignment in the checkpoint file as it is on disk."""
+        data = checkpoint.read(self.emulator.checkpoint_path)
+        return set() if data is None else {a.pod_uid for a in data.allocations}
 
     # --- queries and waits ---------------------------------------------------------------
 

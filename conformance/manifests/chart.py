@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from conformance.contract.preconditions import Found, Requirement, ask
+
 # One release name: no object name depends on it, so any name renders the same objects.
 RELEASE: Final = "hv-device-plugin"
 CHART_NAME: Final = "hv-device-plugin"
@@ -73,6 +75,20 @@ def helm_binary() -> str:
     raise HelmMissing(
         f"helm not found: `./dev nox -s helm` builds the pinned one into {cached}, or set HV_HELM"
     )
+
+
+def helm_requirement(feature: str, fix: str) -> Requirement:
+    """The precondition of a run that renders the chart: a helm that answers `version`."""
+
+    def probe() -> Found:
+        try:
+            binary = helm_binary()
+        except ChartError as exc:
+            return Found(f"missing ({exc})", False, "helm_binary()")
+        line, shown = ask([binary, "version", "--short"])
+        return Found(line or "unusable", line is not None, shown)
+
+    return Requirement("helm", feature, "a working helm (v4)", fix, probe)
 
 
 def _one_line(text: str) -> str:

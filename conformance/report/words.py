@@ -95,6 +95,9 @@ def _timing_phrases(metrics: Mapping[str, Metric], used: set[str]) -> list[str]:
         ("ready_again_s", "ready again {} after the fault"),
         ("reregistration_graceful_s", "re-registered in {} after a graceful restart"),
         ("reregistration_crash_s", "re-registered in {} after a crash restart"),
+        ("boot_to_registered_s", "plugin registered {} after the kubelet started"),
+        ("usable_to_ready_s", "ready {} after the device became usable"),
+        ("workload_back_s", "the controller's workload ran again {} after it was usable"),
     )
     for name, template in templates:
         seconds = _seconds(metrics, name)
@@ -146,7 +149,14 @@ def _state_phrases(metrics: Mapping[str, Metric], used: set[str]) -> list[str]:
         ("survivors", "survivor", "survivors"),
         ("nodes", "node checked", "nodes checked"),
         ("read_backs", "read-back of the running plugin", "read-backs of the running plugin"),
-    )
+        ("pods_kept_graceful", "pod kept by a graceful restart", "pods kept by a graceful restart"),
+        ("pods_kept_crash", "pod kept by a crash restart", "pods kept by a crash restart"),
+        ("refused_before_registered", "request refused before registration",
+         "requests refused before registration"),
+        ("refused_while_unusable", "request refused while unusable",
+         "requests refused while unusable"),
+        ("admission_errors_at_boot", "admission error at boot", "admission errors at boot"),
+    )  # fmt: skip
     states = (
         ("guest_counter", "the running guest kept counting (reached {})"),
         ("session_guest_counter", "the session guest kept its state (counter {})"),
@@ -155,6 +165,10 @@ def _state_phrases(metrics: Mapping[str, Metric], used: set[str]) -> list[str]:
     phrases += [plural(metrics[k], one, many) for k, one, many in nouns if k in metrics]
     used.update(k for k, _ in states)
     used.update(k for k, _, _ in nouns)
+    if "registered_while_absent" in metrics:  # device-late: either way is right
+        absent = metrics["registered_while_absent"]
+        phrases.append("registered unhealthy while absent" if absent else "waited to register")
+        used.add("registered_while_absent")
     share = metrics.get("retry_cpu_share")
     if isinstance(share, int | float):
         phrases.append(f"registration retries used {share * 100:.1f} % of a CPU")

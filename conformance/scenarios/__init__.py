@@ -12,10 +12,13 @@ from conformance.scenarios import (
     cdi,
     guest,
     identity,
+    late,
     options,
     preservation,
+    reboot,
     registration,
     restart,
+    workloads,
 )
 
 
@@ -46,6 +49,9 @@ CATALOGUE: tuple[Check, ...] = (
           "device gone from where the plugin looks: allocatable 0, capacity kept; back: recovers"),
     Check("device-unusable", "identity", "Existing unusable device", identity.device_unusable,
           "/dev/null's node at the kvm path with matching identity: Allocate refused"),
+    Check("device-late", "identity", "Device appears after the plugin", late.device_late,
+          "started with its device absent: alive, nothing healthy, not ready; device appears: "
+          "healthy, ready and a guest runs, no restart", level="extended"),
     Check("registration-failure", "registration", "Registration failure",
           registration.registration_failure,
           "started into an isolated empty socket dir: not ready, no busy loop; restored: registers"),
@@ -53,6 +59,9 @@ CATALOGUE: tuple[Check, ...] = (
           registration.registration_dir_replaced,
           "empty dir over the socket dir of a registered plugin: not ready, no busy loop; "
           "restored: registers again", level="extended"),
+    Check("stream-lost", "registration", "ListAndWatch ended by the kubelet", late.stream_lost,
+          "the kubelet ends the stream and disconnects the plugin: it registers again, "
+          "allocatable back (time measured), no restart", level="extended"),
     Check("optional-rpcs", "options", "Declared optional RPCs", options.optional_rpcs,
           "GetPreferredAllocation / PreStartContainer, when declared: honoured on admission",
           level="extended"),
@@ -60,6 +69,14 @@ CATALOGUE: tuple[Check, ...] = (
           "plugin replaced: registered again; a running guest keeps counting"),
     Check("restart-kubelet", "restart", "Kubelet restart", restart.restart_kubelet,
           "graceful and crash kubelet restarts: re-registration time measured"),
+    Check("workloads-survive-kubelet-restart", "workloads", "Workloads survive kubelet restarts",
+          workloads.workloads_survive_kubelet_restart,
+          "graceful and crash restarts: same pods (UID, container, restarts) running and "
+          "counting, same device IDs in pod-resources, no admission error", level="extended"),
+    Check("health-in-pod-status", "workloads", "Device health in pod status",
+          workloads.health_in_pod_status,
+          "device gone: the pod's allocatedResourcesStatus says Unhealthy; back: Healthy, the "
+          "pod kept running", level="extended"),
     Check("rollout-safety", "restart", "Plugin DaemonSet rollout", restart.rollout_safety,
           "DaemonSet rolled, same code: running guests keep counting, every guest admitted "
           "meanwhile runs, allocatable back to capacity", level="extended"),
@@ -68,6 +85,11 @@ CATALOGUE: tuple[Check, ...] = (
           "readers during allocation-triggered repair: zero torn reads, zero errors"),
     Check("preservation", "preservation", "Preservation", preservation.preservation,
           "sentinel CDI files and host /dev/kvm metadata unchanged; session guest kept state"),
+    # After preservation: a reboot ends every workload, the session guest's too.
+    Check("node-reboot", "workloads", "Node reboot", reboot.node_reboot,
+          "kubelet and sandboxes gone, both back, device late: registration time and refused "
+          "requests measured; nothing admitted or healthy while unusable; the controller's "
+          "workload runs again; no stale checkpoint entry", level="extended"),
 )  # fmt: skip
 # "cleanup" is verified by the run controller after every node is torn down.
 CLEANUP = Check(

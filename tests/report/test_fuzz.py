@@ -146,3 +146,29 @@ def test_loading_any_bytes_is_a_result_or_a_report_error(run_dir: Path, raw: byt
         return
     assert isinstance(data, dict) and data["schema_version"] == "1.0"
     render_three(path)  # whatever loads also renders
+
+
+@SETTINGS
+@given(documents(), documents())
+def test_compare_of_any_two_documents_is_rendered_or_refused(
+    run_dir: Path, a: dict[str, Any], b: dict[str, Any]
+) -> None:
+    """`hvconform compare A B` over hostile documents (issue 27): one-line refusal (exit 2) or
+    both reports rendered with no live markup; never a crash."""
+    from conformance.report.compare import CompareError, compare, load, render_html
+    from conformance.report.compare import render_markdown as compare_markdown
+
+    (run_dir / "a").mkdir(exist_ok=True)
+    (run_dir / "b").mkdir(exist_ok=True)
+    (run_dir / "a" / "results.json").write_text(json.dumps(a))
+    (run_dir / "b" / "results.json").write_text(json.dumps(b))
+    try:
+        view = compare(load(str(run_dir / "a")), load(str(run_dir / "b")), run_dir)
+    except (CompareError, ReportError) as exc:
+        assert "\n" not in str(exc)
+        return
+    markdown, html = compare_markdown(view), render_html(view)
+    for text in (markdown, html):
+        assert not CONTROL.search(text.replace("\n", "").replace("\t", ""))
+    assert live_markup(commonmark(markdown), MD_TAGS) == []
+    assert live_markup(html, HTML_TAGS) == []

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from conformance.contract.preconditions import Found, Requirement, ask, tool, version_of
-from conformance.manifests.chart import ChartError, helm_binary
+from conformance.contract.preconditions import Requirement, tool, version_of
+from conformance.manifests.chart import helm_requirement
 from conformance.targets.cluster.kindbin import KIND_VERSION
 from conformance.targets.cluster.kube import ApiError, KubeApi
 
@@ -25,20 +25,9 @@ AZ_MINIMUM = "2.50"  # az aks nodepool add --node-taints/--labels as the plan us
 
 
 def _helm() -> Requirement:
-    def probe() -> Found:
-        try:
-            binary = helm_binary()
-        except ChartError as exc:
-            return Found(f"missing ({exc})", False, "helm_binary()")
-        line, shown = ask([binary, "version", "--short"])
-        return Found(line or "unusable", line is not None, shown)
-
-    return Requirement(
-        "helm",
+    return helm_requirement(
         "the plugin's manifests are the chart's render",
-        "a working helm (v4)",
         "nox -s conformance-kind / conformance-aks build it, or set HV_HELM",
-        probe,
     )
 
 

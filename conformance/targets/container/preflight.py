@@ -14,8 +14,8 @@ import os
 from typing import Any
 
 from conformance.contract import hostfacts, runcontext
-from conformance.contract.preconditions import Found, Requirement, ask, tool, version_of
-from conformance.manifests.chart import ChartError, helm_binary
+from conformance.contract.preconditions import Found, Requirement, tool, version_of
+from conformance.manifests.chart import helm_requirement
 from conformance.targets.container.engine import ping
 from conformance.targets.local.preflight import local_requirements
 
@@ -46,20 +46,9 @@ def _from_chart() -> bool:
 
 
 def _helm() -> Requirement:
-    def probe() -> Found:
-        try:
-            binary = helm_binary()
-        except ChartError as exc:
-            return Found(f"missing ({exc})", False, "helm_binary()")
-        line, shown = ask([binary, "version", "--short"])
-        return Found(line or "unusable", line is not None, shown)
-
-    return Requirement(
-        "helm",
+    return helm_requirement(
         "the plugin container is the profile's chart's render",
-        "a working helm (v4)",
         "`./dev nox -s helm` builds the pinned one, or set HV_HELM",
-        probe,
     )
 
 

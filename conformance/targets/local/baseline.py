@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from conformance.contract.node import CAP_GUEST, CAP_LONG_GUEST, Allocation
 from conformance.contract.wait import WaitExpired, wait_for
 
 RESTORE_TIMEOUT_S = 30.0
@@ -53,6 +54,29 @@ class BaselineRestore:
     spec_name: str
     baseline_spec: bytes
     baseline_mode: int = 0
+    # how often the restore asks for allocatable and readiness (the real node's answers cost more)
+    _allocatable_poll_s = 0.01
+    _ready_poll_s = 0.005
+
+    def _take_baseline(self, allocation: Allocation, spec_timeout: float) -> None:
+        """At node setup, with the first admitted allocation: the plugin's CDI spec (the
+        profile's, else the one declaring the allocated kind) and its mode are the baseline; the
+        session guest holds that allocation, or (nothing injected) the guest checks do not apply."""
+        node: Any = self
+        self.spec_name = self.spec_name or discover_spec(node, allocation.cdi_devices)
+        if self.spec_name:
+            self.baseline_spec = wait_for(
+                lambda: node.read_file("cdi", self.spec_name),
+                spec_timeout,
+                "the plugin's CDI spec at node setup",
+            )
+            info = node.stat("cdi", self.spec_name)
+            self.baseline_mode = info.mode if info is not None else 0
+        if allocation.cdi_devices or allocation.device_specs:  # the runtime injects either
+            node.session_guest = node.start_long_guest(allocation)
+        else:
+            node.release(allocation)
+            node.capabilities -= {CAP_GUEST, CAP_LONG_GUEST}
 
     def restore_baseline(self) -> list[str]:
         node: Any = self
@@ -68,8 +92,7 @@ class BaselineRestore:
             problem = _clear_spec_path(node)
             if problem:
                 return [problem]
-        if not node.kubelet.emulator.running:
-            node.kubelet.start()
+        self._restore_kubelet()
         if not node.plugin_running():
             node.restart_plugin()
         try:
@@ -83,6 +106,18 @@ class BaselineRestore:
             except WaitExpired as second:
                 return [f"{second} (also before a plugin restart: {first})"]
         return []
+
+    def _restore_kubelet(self) -> None:
+        """The kubelet up again, with no pod of a check left (a hook: the real node's kubelet
+        is a process)."""
+        node: Any = self
+        if not node.kubelet.emulator.running:
+            node.kubelet.start()
+        if node.kubelet.emulator.pods is not None:
+            node.delete_check_pods()  # the devices they hold are free for the next check
+
+    def _spec_path_cleared(self) -> None:
+        """A hook: what the harness left at the spec path was removed."""
 
 
 def _undo(node: Any, fault: str) -> None:
@@ -98,6 +133,8 @@ def _undo(node: Any, fault: str) -> None:
         node.remap_device_unusable(False)
     elif fault == "device":
         node.set_device_present(True)
+    elif fault == "reboot":
+        node.undo_reboot()
 
 
 def _clear_spec_path(node: Any) -> str:
@@ -117,6 +154,7 @@ def _clear_spec_path(node: Any) -> str:
             f"the {info.kind} at the spec path {node.spec_name} cannot be removed "
             f"({exc.strerror}{': holds ' + listing if listing else ''})"
         )
+    node._spec_path_cleared()
     return ""
 
 
@@ -136,8 +174,10 @@ def _wait_baseline(node: Any, timeout: float = RESTORE_TIMEOUT_S) -> None:
         lambda: node.capacity() > 0 and node.allocatable() == node.capacity(),
         timeout,
         "every device allocatable again (restore)",
-        interval=0.01,
+        interval=node._allocatable_poll_s,
     )
     wait_for(spec_back, timeout, "CDI spec bytes and mode as at baseline (restore)")
     if "readiness" in node.capabilities:
-        wait_for(node.plugin_ready, timeout, "plugin readiness (restore)")
+        wait_for(
+            node.plugin_ready, timeout, "plugin readiness (restore)", interval=node._ready_poll_s
+        )

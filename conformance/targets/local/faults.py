@@ -109,6 +109,9 @@ class LocalFaults(HostFiles):
             super().set_device_present(present)
         else:
             inside = self._sandbox().ns_path("/dev/kvm")
+            if present and not self._sandbox().running:
+                self._faults.discard("device")  # no namespace left: its next start injects it
+                return
             if present:
                 real = os.stat("/dev/kvm")
                 mode = f"{stat.S_IMODE(real.st_mode):o}"

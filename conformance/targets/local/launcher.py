@@ -213,10 +213,23 @@ def _mount_points(prefix: str) -> set[str]:
 
 
 def private_dev(
-    libc: ctypes.CDLL, base: Sequence[str], dev_nodes: Sequence[str], nodes: Sequence[NodeSpec]
+    libc: ctypes.CDLL,
+    base: Sequence[str],
+    dev_nodes: Sequence[str],
+    nodes: Sequence[NodeSpec],
+    covers: Sequence[tuple[str, str]] = (),
 ) -> None:
-    """A fresh tmpfs on /dev with only the base nodes, the injected host nodes and `nodes`."""
+    """A fresh tmpfs on /dev with only the base nodes, the injected host nodes and `nodes`;
+    then each cover's host node bound over its path (a device that is there but not yet usable,
+    as after a reboot: undone by unmounting it, which reveals the injected node)."""
     held: list[tuple[str, int]] = []
+    covering: list[tuple[str, int]] = []
+    for source, path in covers:
+        fd = os.open(source, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        if not stat.S_ISCHR(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise LaunchError(f"--dev-cover {source}: not a character device")
+        covering.append((_dev_path(path), fd))
     for path in dev_nodes:
         target = _dev_path(path)
         # O_PATH keeps a handle on the host node after the tmpfs hides the host's /dev.
@@ -251,6 +264,12 @@ def private_dev(
         os.close(fd)
     for spec in nodes:
         make_node(spec)
+    for target, fd in covering:
+        if not os.path.lexists(target):
+            _make_parents(target)
+            os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0))
+        _mount(libc, f"/proc/self/fd/{fd}", target, None, MS_BIND)
+        os.close(fd)
 
 
 def drop_privileges(
@@ -357,6 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bind-mount the host's node at PATH (missing: skipped with a message)")
     p.add_argument("--mknod", action="append", default=[], type=_mknod_arg,
                    metavar="PATH:TYPE:MAJOR:MINOR:MODE:UID:GID", help="create a node")
+    p.add_argument("--dev-cover", action="append", default=[], type=_bind_arg,
+                   metavar="SRC:PATH", help="bind host node SRC over PATH, last")
     # fmt: on
     p.add_argument(
         "--bind",
@@ -394,8 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # and /proc/self/environ is no longer readable.
     raw = Path("/proc/self/environ").read_bytes().split(b"\0")
     env = dict(item.split(b"=", 1) for item in raw if b"=" in item)
-    if (args.dev_node or args.mknod) and not args.private_dev:
-        return _fail(args.exec_fd, EXIT_SETUP, "--dev-node/--mknod need --private-dev")
+    if (args.dev_node or args.mknod or args.dev_cover) and not args.private_dev:
+        return _fail(args.exec_fd, EXIT_SETUP, "--dev-node/--mknod/--dev-cover need --private-dev")
     try:
         if args.exec_fd is not None:
             os.set_inheritable(args.exec_fd, False)  # closes at exec: the parent sees EOF
@@ -406,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             new_empty_netns(libc)
         private_mounts(libc)
         if args.private_dev:
-            private_dev(libc, args.base_devs, args.dev_node, args.mknod)
+            private_dev(libc, args.base_devs, args.dev_node, args.mknod, args.dev_cover)
         if args.bind or args.stage_root:
             root = binds.apply(
                 lambda src, dst, fs, fl, data: _mount(libc, src, dst, fs, fl, data),

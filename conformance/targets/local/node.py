@@ -23,6 +23,7 @@ from typing import Any
 
 from conformance.contract.base import set_up
 from conformance.contract.node import (
+    CAP_DEVICE_LATE,
     CAP_DEVICE_REMAP,
     CAP_DEVICE_VIEW,
     CAP_GUEST,
@@ -30,25 +31,31 @@ from conformance.contract.node import (
     CAP_KUBELET_RESTART,
     CAP_LIVENESS,
     CAP_LONG_GUEST,
+    CAP_NODE_REBOOT,
     CAP_PLUGIN_RESTART,
+    CAP_POD_DEVICE_HEALTH,
+    CAP_PODS,
     CAP_PRE_START,
     CAP_PREFERRED_ALLOCATION,
     CAP_READ_ONLY,
     CAP_READ_STORM,
     CAP_READINESS,
     CAP_SOCKET_REDIRECT,
+    CAP_STREAM_END,
 )
-from conformance.contract.plugin import PluginUnderTest, Probe
+from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.ran import PluginRan
 from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.runcontext import RunContext
 from conformance.contract.wait import wait_for
 from conformance.kubelet import ThreadedKubeletEmulator
-from conformance.targets.local.baseline import BaselineRestore, discover_spec
+from conformance.targets.local.baseline import BaselineRestore
 from conformance.targets.local.faults import LocalFaults
 from conformance.targets.local.hostfiles import device_metadata, mount, umount
 from conformance.targets.local.netns import free_index
-from conformance.targets.local.observe import Observer
+from conformance.targets.local.plugin_view import SandboxedPluginView
+from conformance.targets.local.pods import LocalPods, LocalRuntime
+from conformance.targets.local.reboot import LocalNodeFaults
 from conformance.targets.local.sandbox import PluginSandbox
 from conformance.targets.local.workloads import LocalWorkloads
 from plugin.api.wire import KUBELET_SOCKET
@@ -84,22 +91,33 @@ BASE_CAPABILITIES = frozenset(
 )
 
 
-def _capabilities(plugin: PluginUnderTest) -> frozenset[str]:
+# What the kubelet emulator models of pods and whole-node faults, with the guests as containers:
+# only for the process runtime (the container runtime's workloads are podman's, not modelled).
+WORKLOAD_CAPABILITIES = frozenset(
+    {CAP_PODS, CAP_NODE_REBOOT, CAP_DEVICE_LATE, CAP_STREAM_END, CAP_POD_DEVICE_HEALTH}
+)
+
+
+def _capabilities(plugin: PluginUnderTest, runtime: str = "process") -> frozenset[str]:
     """What this node can do with this plugin: health only where the profile can observe it."""
     observed = {CAP_READINESS} if plugin.readiness.observable else set()
     observed |= {CAP_LIVENESS} if plugin.liveness.observable else set()
-    return BASE_CAPABILITIES | observed
+    workloads = WORKLOAD_CAPABILITIES if runtime == "process" else frozenset()
+    return BASE_CAPABILITIES | observed | workloads
 
 
-class LocalNode(BaselineRestore, LocalFaults, LocalWorkloads):
+class LocalNode(
+    BaselineRestore, SandboxedPluginView, LocalFaults, LocalWorkloads, LocalPods, LocalNodeFaults
+):
     name = "local"
+    runtime = "process"  # the container runtime's node says "container"
 
     def __init__(self, *, out_dir: Path, worker: str, plugin: PluginUnderTest) -> None:
         self._init_host_node(out_dir, worker, "")
         self.plugin = plugin
         self.resource = plugin.resource or ""
         self.spec_name = plugin.cdi_spec or ""
-        self.capabilities = _capabilities(plugin)
+        self.capabilities = _capabilities(plugin, self.runtime)
         self._faults: set[str] = set()
         self.readiness = self._observer(plugin.readiness)
         self.liveness = self._observer(plugin.liveness)
@@ -144,6 +162,8 @@ class LocalNode(BaselineRestore, LocalFaults, LocalWorkloads):
         for name, data in self.sentinels.items():
             self.write_file("cdi", name, data)
         self.kubelet = ThreadedKubeletEmulator(self.plugin_dir)
+        if CAP_PODS in self.capabilities:
+            self.kubelet.attach_runtime(LocalRuntime(self))  # the guests are its containers
         self.kubelet.start()
         self._start_plugin()
         self.resource = self.resource or wait_for(
@@ -159,20 +179,7 @@ class LocalNode(BaselineRestore, LocalFaults, LocalWorkloads):
         allocation = wait_for(
             lambda: (a := self.allocate()).ok and a, SETUP_TIMEOUT_S, "an Allocate at node setup"
         )
-        self.spec_name = self.spec_name or discover_spec(self, allocation.cdi_devices)
-        if self.spec_name:
-            self.baseline_spec = wait_for(
-                lambda: self.read_file("cdi", self.spec_name),
-                SETUP_TIMEOUT_S,
-                "the plugin's CDI spec at node setup",
-            )
-            info = self.stat("cdi", self.spec_name)
-            self.baseline_mode = info.mode if info is not None else 0
-        if allocation.cdi_devices or allocation.device_specs:  # the runtime injects either
-            self.session_guest = self.start_long_guest(allocation)
-        else:
-            self.release(allocation)
-            self.capabilities -= {CAP_GUEST, CAP_LONG_GUEST}
+        self._take_baseline(allocation, SETUP_TIMEOUT_S)
 
     def _start_plugin(self, sockets: Path | None = None) -> None:
         """Start the plugin under test (a hook: the container runtime runs it differently).
@@ -235,19 +242,6 @@ class LocalNode(BaselineRestore, LocalFaults, LocalWorkloads):
 
     # -- the plugin -------------------------------------------------------------------------
 
-    def _sandbox(self) -> PluginSandbox:
-        assert self.sandbox is not None
-        return self.sandbox
-
-    def _observer(self, probe: Probe) -> Observer:
-        return Observer(
-            self.plugin,
-            probe,
-            health_addr=lambda: self._sandbox().health_addr,
-            socket=self._plugin_socket,
-            pid=lambda: self._sandbox().pid,
-        )
-
     def _plugin_socket(self) -> Path | None:
         """The plugin's own socket: its registered endpoint, or (while it is kept from the
         kubelet's dir) the newest socket it made where it was told to look."""
@@ -260,21 +254,11 @@ class LocalNode(BaselineRestore, LocalFaults, LocalWorkloads):
             socks.append(self.plugin_dir / ok[-1].endpoint)
         return max(socks, key=lambda p: p.stat().st_mtime_ns) if socks else None
 
-    def plugin_running(self) -> bool:
-        """The plugin process is up (a hook: the container runtime asks its engine)."""
-        return self.sandbox is not None and self.sandbox.running
-
     def _registered_resource(self) -> str | None:
         if not self.plugin_running():
             raise RuntimeError(f"the plugin exited during node setup:\n{self.plugin_log_tail(20)}")
         names = self._kubelet().registered_resources()
         return names[0] if names else None
-
-    def plugin_live(self) -> bool:
-        return self.liveness()
-
-    def plugin_ready(self) -> bool:
-        return self.readiness()
 
     def _ready_or_dead(self) -> bool:
         if not self._sandbox().running:
@@ -282,38 +266,11 @@ class LocalNode(BaselineRestore, LocalFaults, LocalWorkloads):
         # Without an observable readiness, the kubelet's view is the readiness.
         return self.plugin_ready() if self.readiness.observable else self.allocatable() > 0
 
-    def plugin_instance(self) -> str:
-        return str(self._sandbox().pid)
-
     def restart_plugin(self) -> None:
         self._sandbox().restart()
 
-    def plugin_cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self._sandbox().pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
     def plugin_ran(self) -> PluginRan:
-        """What runs as the plugin, read back from the kernel (the launcher exec'ed it: its pid
-        is the plugin's): /proc/<pid>/cmdline and the executable, as the plugin's view names it."""
-        sandbox = self._sandbox()
-        pid = sandbox.pid
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if not raw:  # a zombie or a kernel thread has none: nothing ran that can be named
-            raise RuntimeError(f"plugin pid {pid} has no command line (it exited)")
-        args = raw.split(b"\0")
-        args = args[:-1] if args[-1] == b"" else args  # NUL-terminated; an empty arg is kept
-        exe = str(Path(f"/proc/{pid}/exe").readlink())
-        stage = (sandbox.stage_root or "").rstrip("/")
-        if stage and exe.startswith(stage + "/"):
-            exe = exe[len(stage) :]  # the staged root is the plugin's /
-        return PluginRan(
-            how="process",
-            argv=tuple(a.decode(errors="replace") for a in args),
-            exe=exe,
-            pid=pid,
-            where=f"sandbox {sandbox.netns_name} on this machine",
-            notes=("own mount and network namespaces, zero capabilities, no_new_privs",),
-        )
+        return self._ran("on this machine")
 
     def plugin_log_tail(self, lines: int = 50) -> str:
         log = self.root / "plugin.log"

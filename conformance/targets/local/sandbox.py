@@ -89,6 +89,8 @@ class PluginSandbox:
         self._ns_fd: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self.exec_at: float | None = None  # monotonic time the launcher exec'ed the plugin
+        # Host nodes bound over device paths at the next start only (a device not yet usable).
+        self.dev_covers: list[tuple[str, str]] = []
         self._closed = False
 
     @property
@@ -110,6 +112,7 @@ class PluginSandbox:
     def launcher_argv(self, exec_fd: int | None = None) -> list[str]:
         """The full command line, launcher included."""
         nodes = [arg for node in self.dev_nodes for arg in ("--dev-node", node)]
+        nodes += [arg for src, dst in self.dev_covers for arg in ("--dev-cover", f"{src}:{dst}")]
         handshake = [] if exec_fd is None else [f"--exec-fd={exec_fd}"]
         return [
             self.python, "-I", str(LAUNCHER), "--netns", self.netns_name, "--private-dev",

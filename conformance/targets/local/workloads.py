@@ -7,8 +7,10 @@ state file so a check can see it survive faults.
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,11 @@ from conformance.contract.node import Allocation, DeviceSpec, GuestOutcome
 from conformance.guest.cdi_resolve import resolve
 from conformance.kubelet import ThreadedKubeletEmulator
 from conformance.targets.local.runtime import guest_command, run_workload, start_workload
+
+# Long guests are started from the emulator's runtime thread too: their handles (container IDs)
+# come from one locked counter, never from the size of a dict another thread may be growing.
+_HANDLES = itertools.count()
+_HANDLES_LOCK = threading.Lock()
 
 
 class LocalWorkloads:
@@ -87,7 +94,8 @@ class LocalWorkloads:
         return GuestOutcome(ok=proc.returncode == 0, detail=detail, value=value)
 
     def start_long_guest(self, allocation: Allocation) -> str:
-        handle = f"guest-{len(self._guests)}"
+        with _HANDLES_LOCK:
+            handle = f"guest-{next(_HANDLES)}"
         state = self.guest_dir / f"{handle}.json"
         argv, env = guest_command(
             "counter",
@@ -107,6 +115,10 @@ class LocalWorkloads:
             device_specs=allocation.device_specs,
         )
         self._guests[handle] = proc
+        record = self._allocations.get(id(allocation))
+        kubelet = self._kubelet()
+        if record is not None and kubelet.emulator.pods is not None:
+            kubelet.container_started(record.pod_uid, handle)  # its bare pod's container
         return handle
 
     def long_guest_counter(self, handle: str) -> int:

@@ -31,16 +31,6 @@ from typing import Any
 from conformance.contract.base import set_up
 from conformance.contract.ledger import mounts_at
 from conformance.contract.node import (
-    CAP_DEVICE_REMAP,
-    CAP_DEVICE_VIEW,
-    CAP_GUEST,
-    CAP_KUBELET_CRASH,
-    CAP_KUBELET_RESTART,
-    CAP_LONG_GUEST,
-    CAP_PLUGIN_RESTART,
-    CAP_READ_ONLY,
-    CAP_READ_STORM,
-    CAP_SOCKET_REDIRECT,
     Allocation,
     Area,
     DeviceSpec,
@@ -51,8 +41,8 @@ from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.runcontext import RunContext
 from conformance.contract.wait import wait_for
 from conformance.guest.cdi_resolve import resolve
-from conformance.targets.local.baseline import discover_spec
 from conformance.targets.local.hostfiles import device_metadata, mount, umount
+from conformance.targets.local.node import BASE_CAPABILITIES
 from conformance.targets.realnode import (
     BIN,
     CDI_DIR,
@@ -80,20 +70,6 @@ _REGISTERED = re.compile(
     r"^I(\d{4} \d{2}:\d{2}:\d{2}\.\d+).*Got registration request from device plugin"
 )
 _RESOURCE = re.compile(r'Got registration request from device plugin[^"]*" resourceName="([^"]+)"')
-BASE_CAPABILITIES = frozenset(
-    {
-        CAP_KUBELET_RESTART,
-        CAP_KUBELET_CRASH,
-        CAP_PLUGIN_RESTART,
-        CAP_READ_ONLY,
-        CAP_DEVICE_VIEW,
-        CAP_DEVICE_REMAP,
-        CAP_SOCKET_REDIRECT,
-        CAP_GUEST,
-        CAP_LONG_GUEST,
-        CAP_READ_STORM,
-    }
-)
 
 
 class RealNode(RealRestore, SandboxedPlugin):
@@ -156,18 +132,7 @@ class RealNode(RealRestore, SandboxedPlugin):
         allocation = wait_for(
             self._admitted, SETUP_TIMEOUT_S, "an Allocate at node setup", interval=0.5
         )
-        self.spec_name = self.spec_name or discover_spec(self, allocation.cdi_devices)
-        if self.spec_name:
-            self.baseline_spec = wait_for(
-                lambda: self.read_file("cdi", self.spec_name), 30, "the plugin's CDI spec"
-            )
-            info = self.stat("cdi", self.spec_name)
-            self.baseline_mode = info.mode if info is not None else 0
-        if allocation.cdi_devices or allocation.device_specs:  # the runtime injects either
-            self.session_guest = self.start_long_guest(allocation)
-        else:
-            self.release(allocation)
-            self.capabilities -= {CAP_GUEST, CAP_LONG_GUEST}
+        self._take_baseline(allocation, 30)
 
     def _registered_resource(self) -> str | None:
         """The resource of the plugin's Register call, from the kubelet's log since its start."""

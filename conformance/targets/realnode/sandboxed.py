@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from conformance.contract.ledger import mounts_at
 from conformance.contract.node import CAP_LIVENESS, CAP_READINESS
-from conformance.contract.plugin import PluginUnderTest, Probe
+from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.ran import PluginRan
 from conformance.contract.wait import wait_for
 from conformance.targets.local import binds as binds_mod
@@ -29,6 +29,7 @@ from conformance.targets.local.hostfiles import mount, umount
 from conformance.targets.local.launcher import LAUNCHER
 from conformance.targets.local.netns import free_index
 from conformance.targets.local.observe import Observer
+from conformance.targets.local.plugin_view import SandboxedPluginView
 from conformance.targets.local.sandbox import PluginSandbox
 from conformance.targets.realnode import CDI_DIR, HOST_DEV, NODE_NAME, PLUGIN_DIR, RUN, procs
 from conformance.targets.realnode.freshness import FreshStatus
@@ -102,7 +103,7 @@ def make_shared(path: Path) -> None:
     subprocess.run(["mount", "--make-shared", str(path)], check=True, capture_output=True)
 
 
-class SandboxedPlugin(FreshStatus, LocalFaults):
+class SandboxedPlugin(SandboxedPluginView, FreshStatus, LocalFaults):
     """Mixin of RealNode: the plugin half of the Node contract, through a PluginSandbox."""
 
     plugin: PluginUnderTest
@@ -168,13 +169,6 @@ class SandboxedPlugin(FreshStatus, LocalFaults):
             umount(self.plugin_dir)
             self.plugin_dir = PLUGIN_DIR
 
-    def _sandbox(self) -> PluginSandbox:
-        assert self.sandbox is not None, "the plugin was never started"
-        return self.sandbox
-
-    def plugin_running(self) -> bool:
-        return self.sandbox is not None and self.sandbox.running
-
     def restart_plugin(self) -> None:
         """The same sandbox (its network namespace kept, as a pod's across container restarts)."""
         if self.sandbox is None:
@@ -186,15 +180,6 @@ class SandboxedPlugin(FreshStatus, LocalFaults):
         procs.record("plugin", self.sandbox.pid)
 
     # -- observation ---------------------------------------------------------------------------
-
-    def _observer(self, probe: Probe) -> Observer:
-        return Observer(
-            self.plugin,
-            probe,
-            health_addr=lambda: self._sandbox().health_addr,
-            socket=self._plugin_socket,
-            pid=lambda: self._sandbox().pid,
-        )
 
     def _plugin_socket(self) -> Path | None:
         """The plugin's own socket, reached through its root (/proc/<pid>/root), so it is
@@ -227,44 +212,15 @@ class SandboxedPlugin(FreshStatus, LocalFaults):
                 continue  # an old server's socket, already removed
         return max(found)[1] if found else None
 
-    def plugin_live(self) -> bool:
-        return self.liveness()
-
-    def plugin_ready(self) -> bool:
-        return self.readiness()
-
-    def plugin_instance(self) -> str:
-        return str(self._sandbox().pid)
-
-    def plugin_cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self._sandbox().pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
     def plugin_log_tail(self, lines: int = 50) -> str:
         return procs.log_tail("plugin", lines)
 
     def plugin_ran(self) -> PluginRan:
-        """What runs as the plugin, read back from the kernel: its argv and executable."""
-        sandbox = self._sandbox()
-        pid = sandbox.pid
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if not raw:  # a zombie has none: nothing ran that can be named
-            raise RuntimeError(f"plugin pid {pid} has no command line (it exited)")
-        argv = raw.rstrip(b"\0").split(b"\0")
-        exe = str(Path(f"/proc/{pid}/exe").readlink())
-        stage = sandbox.stage_root
-        if stage and exe.startswith(stage.rstrip("/") + "/"):
-            exe = exe[len(stage.rstrip("/")) :]  # as the plugin's own (chrooted) view names it
-        return PluginRan(
-            how="process",
-            argv=tuple(a.decode(errors="replace") for a in argv),
-            exe=exe,
-            pid=pid,
-            where=f"sandbox {sandbox.netns_name} on node {NODE_NAME}",
-            notes=(
-                "own mount and network namespaces, zero capabilities, no_new_privs",
-                *(f"{self._host_name(src)} bound at {dst}" for src, dst in sandbox.binds),
-            ),
+        """What runs as the plugin, and the node's directories bound where it looks."""
+        binds = self._sandbox().binds
+        return self._ran(
+            f"on node {NODE_NAME}",
+            *(f"{self._host_name(src)} bound at {dst}" for src, dst in binds),
         )
 
     def _host_name(self, src: str) -> str:
