@@ -108,6 +108,15 @@ def test_a_plugin_that_never_probes_fails_exactly_the_usability_check(tmp_path: 
 
 
 @pytest.mark.kvm
+def test_a_plugin_that_ignores_its_lost_stream_fails_exactly_stream_lost(tmp_path: Path) -> None:
+    """Issue 26: the kubelet ends the ListAndWatch stream (and disconnects the endpoint); a
+    plugin that never registers again fails stream-lost and nothing else of its marker set."""
+    variant = _variant(tmp_path, {"GOKVM_DEFECT": "no-stream-reregister"})
+    data = _run(tmp_path, variant, "registration or workloads", recovery="10")
+    _expect(data, {"stream-lost": "failed"})
+
+
+@pytest.mark.kvm
 def test_slow_reregistration_passes_and_shows_the_delay(tmp_path: Path) -> None:
     data = _run(tmp_path, _variant(tmp_path, {"GOKVM_DEFECT": "slow-reregister"}), "restart")
     _expect(data, {})
