@@ -21,7 +21,7 @@ from pathlib import Path
 from conformance.contract.plugin import ProfileError, resolve
 from conformance.targets.realnode import RUN
 from conformance.targets.realnode.nodes import ADMIN_KUBECONFIG, NodeLayout, recorded_nodes
-from plugin.api.names import default_plugin_image
+from plugin.api.names import default_guest_image, default_plugin_image
 
 
 def save(tags: list[str], work: Path) -> list[Path]:
@@ -61,10 +61,12 @@ def build_images(base_image: str = "") -> dict[str, str]:
         client = engine.client(timeout=1800)
         try:
             images = ensure_images(client, base_image=base_image)
-            # The shipped profile names the documented build's tag (`docker build -t
-            # hv-device-plugin:<version>`): the same image, so that profile finds it.
-            repository, _, version = default_plugin_image().rpartition(":")
-            client.images.get(images.plugin.tag).tag(repository, version)
+            # Also under the documented builds' tags (`docker build -t hv-device-plugin:<version>`,
+            # `-t hv-guest:<version>`): the shipped profile and --guest-image's default name them.
+            for built, named in ((images.plugin, default_plugin_image()),
+                                 (images.guest, default_guest_image())):  # fmt: skip
+                repository, _, version = named.rpartition(":")
+                client.images.get(built.tag).tag(repository, version)
         finally:
             client.close()
     return {
