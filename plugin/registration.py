@@ -57,6 +57,9 @@ def _remove_own(socket: Path, inode: tuple[int, int] | None) -> None:
             socket.unlink()
 
 
+STREAM_LOST = "ListAndWatch stream ended: the kubelet disconnected this endpoint"
+
+
 def _listening(path: Path) -> bool:
     """Something accepts connections on this unix socket now (a non-blocking connect)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
@@ -103,6 +106,7 @@ class Registrar:
         # registered). Its streams are the kubelet's reading of that registration.
         self._server_tag = 0
         self._registered_tag: int | None = None
+        self._streams_before = 0  # streams the registered server had before its Register
         health.add_stream_closed_listener(self._kick.set)
         self._retiring: set[asyncio.Task[None]] = set()  # servers being stopped
         self._retired: set[str] = set()  # socket names of this process's former servers
@@ -231,6 +235,8 @@ class Registrar:
             if _inode(self._socket) != self._socket_inode:  # type: ignore[arg-type]
                 await self._serve()  # removed under us (kubelet start-up cleanup): serve again
             self._kubelet_inode = _inode(self._cfg.device_plugin_dir / KUBELET_SOCKET)
+            # Streams opened from now on answer this Register: only their end is a loss.
+            self._streams_before = self._health.server_streams(self._server_tag)[1]
             try:
                 await self._register_once()
             except grpc.aio.AioRpcError as exc:
@@ -279,7 +285,7 @@ class Registrar:
         open_now, ever = self._health.server_streams(tag)
         kubelet = self._cfg.device_plugin_dir / KUBELET_SOCKET
         return (
-            ever > 0
+            ever > self._streams_before
             and open_now == 0
             and not self._health.shutting_down
             and _inode(kubelet) == self._kubelet_inode
@@ -293,7 +299,7 @@ class Registrar:
         if kubelet is not None and kubelet != self._kubelet_inode:
             return "kubelet.sock re-created"
         if self._stream_lost():
-            return "ListAndWatch stream ended: the kubelet disconnected this endpoint"
+            return STREAM_LOST
         return ""
 
     async def _wait_restart_needed(self) -> str:
@@ -316,6 +322,11 @@ class Registrar:
                 self._registered_tag = None  # the server about to go: its streams are not lost
                 if registered:
                     self._health.set_registered(False, f"re-registering: {reason}")
+                if reason == STREAM_LOST:
+                    # The server and its socket are fine: register them again, as they are (a
+                    # new socket would cut every other client of this one, and leave churn).
+                    registered = await self._register_with_backoff()
+                    continue
                 await self._serve()
                 # After giving up, only a changed kubelet.sock is worth a new round of attempts.
                 if registered or reason == "kubelet.sock re-created":

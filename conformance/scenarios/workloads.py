@@ -104,6 +104,7 @@ def workloads_survive_kubelet_restart(node: Node, rec: Recorder) -> None:
     require(node, CAP_PODS, CAP_KUBELET_RESTART)
     wait_ready(node, rec, "before the kubelet restarts")
     pod = start_running_pod(node, rec)
+    deleted = False
     try:
         _restart_keeps_pods(node, rec, graceful=True)
         if CAP_KUBELET_CRASH in node.capabilities:
@@ -111,11 +112,15 @@ def workloads_survive_kubelet_restart(node: Node, rec: Recorder) -> None:
         else:
             rec.note("crash restart not available on this target: graceful only")
         wait_ready(node, rec, "after the kubelet restarts")
+        # its device back first: a plugin may offer as few as two (the session guest holds one)
+        node.delete_pod(pod.uid)
+        deleted = True
         fresh = start_running_pod(node, rec)
         node.delete_pod(fresh.uid)
         rec.event("a new pod was admitted and ran")
     finally:
-        node.delete_pod(pod.uid)
+        if not deleted:
+            node.delete_pod(pod.uid)
 
 
 def _health(node: Node, uid: str, healthy: bool) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -68,7 +69,8 @@ def test_our_plugins_argv_is_read_back_from_its_process(tmp_path: Path) -> None:
     assert data["environment"]["plugin_version"] == installed_version()
     env = environment(report)
     assert f"- Plugin: hv-device-plugin {installed_version()} (this repository's plugin)" in env
-    assert f"- Plugin ran: process {sys.executable} -m plugin --host-dev-dir" in env
+    quoted = shlex.join([sys.executable, "-m", "plugin", "--host-dev-dir"])
+    assert f"- Plugin ran: process {quoted}" in env
 
 
 def test_a_third_party_plugin_is_named_by_its_process_not_our_version(tmp_path: Path) -> None:
@@ -82,4 +84,4 @@ def test_a_third_party_plugin_is_named_by_its_process_not_our_version(tmp_path: 
     env = environment(report)
     assert f"version {installed_version()}" not in env and "this repository's plugin)" not in env
     assert "- Plugin: go-kvm, profile " in env
-    assert f"- Plugin ran: process {binary} -v=2 (executable " in env
+    assert f"- Plugin ran: process {shlex.join([str(binary), '-v=2'])} (executable " in env

@@ -37,7 +37,8 @@ def _variant(tmp_path: Path, env: dict[str, str], readiness: str = "") -> Path:
     data["env"] = env
     data.pop("deploy", None)  # its files are relative to the fixture's dir; a process runs here
     if readiness == "none":
-        data["readiness"] = data["liveness"] = {"type": "none"}
+        # two objects: one shared would be dumped as a YAML alias, which profiles refuse
+        data["readiness"], data["liveness"] = {"type": "none"}, {"type": "none"}
     path = tmp_path / "profile.yaml"
     path.write_text(yaml.safe_dump(data))
     load_profile(path)  # the variant is itself a valid profile

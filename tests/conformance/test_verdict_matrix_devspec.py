@@ -60,13 +60,17 @@ def test_a_device_spec_plugin_without_health_is_judged_fully(tmp_path: Path) -> 
     got = {check: c["status"] for check, c in checks.items()}
     want = {
         check: "not_applicable"
-        if check in (*CDI_CHECKS, NO_OPTIONAL_RPC, "rollout-safety")  # no DaemonSet locally
+        # no DaemonSet locally; a reboot is judged with two free devices and it offers one
+        if check in (*CDI_CHECKS, NO_OPTIONAL_RPC, "rollout-safety", "node-reboot")
         else "passed"
         for check in got
     }
+    # A finding, not a defect of the harness: this rival never registers again when the
+    # kubelet ends its ListAndWatch stream (issue 26's stream-lost), as many plugins in the field.
+    want["stream-lost"] = "failed"
     assert got == want, data["_output"]
     assert set(CDI_CHECKS) | {"guest-execution", "restart-plugin", "cleanup"} <= set(got)
-    assert data["_rc"] == 0, data["_output"]
+    assert data["_rc"] == 1, data["_output"]  # stream-lost failed
     for check in CDI_CHECKS:
         assert "no CDI device" in checks[check]["reason"], checks[check]
     assert data["run"]["plugin"]["name"] == "go-devspec"
