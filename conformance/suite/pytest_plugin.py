@@ -252,6 +252,11 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     _CONFIG["config"] = session.config
+    # xdist writes its worker status ("bringing up nodes...") once per phase when the output
+    # is not a terminal; the checks' own progress lines say more, once.
+    dist = session.config.pluginmanager.getplugin("terminaldistreporter")
+    if dist is not None:
+        dist.ensure_show_status = lambda: None
 
 
 def _progress(config: pytest.Config, run: dict[str, Any], record: dict[str, Any]) -> None:

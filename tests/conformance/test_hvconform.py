@@ -54,6 +54,10 @@ def test_every_check_passes_against_our_plugin(tmp_path: Path) -> None:
     # the local target deploys no DaemonSet: the rollout check does not apply there
     want = {**dict.fromkeys(EVERY_CHECK, "passed"), "rollout-safety": "not_applicable"}
     assert statuses(data) == want, output[-3000:]
+    # issue 27: the console says each thing once (no xdist status lines, no gRPC fork notes, no
+    # PASSES section repeating the progress lines)
+    for noise in ("bringing up nodes", "fork_posix", "= PASSES ="):
+        assert noise not in output, noise
     # One JUnit file per run: a CI glob for *junit*.xml counts every check once.
     junit = [p.name for p in (tmp_path / "run").rglob("*.xml") if "junit" in p.name]
     assert junit == ["junit.xml"], junit
