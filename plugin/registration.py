@@ -284,8 +284,10 @@ class Registrar:
             return False
         open_now, ever = self._health.server_streams(tag)
         kubelet = self._cfg.device_plugin_dir / KUBELET_SOCKET
+        # The kubelet opens exactly one stream per registration: only when that one (and no
+        # other client's: a bench, a debugging tool) came and went is the endpoint lost.
         return (
-            ever > self._streams_before
+            ever - self._streams_before == 1
             and open_now == 0
             and not self._health.shutting_down
             and _inode(kubelet) == self._kubelet_inode
