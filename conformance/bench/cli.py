@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import os
 import sys
@@ -30,6 +29,7 @@ from conformance.bench.waits import FULL, QUICK, Plan
 from conformance.contract.args import OneLineParser, output_problem
 from conformance.contract.plugin import PluginUnderTest, ProfileError, load_profile
 from conformance.contract.strict_json import one_line
+from conformance.kubelet import LoopThread
 
 # Figures that are correctness, not speed: any miss fails the run (exit 1).
 MUST_HOLD = (
@@ -145,19 +145,26 @@ def run(
     wanted: list[tuple[str, PluginUnderTest | None, Path]] = [("ours", None, out / "plugin.log")]
     if versus is not None:
         wanted.append(("theirs", versus, out / f"plugin-{_slug(versus.name)}.log"))
+    # Every emulator and every grpc.aio client of the harness on one loop (see loopthread).
+    loop = LoopThread()
     try:
         for label, plugin, log in wanted:
-            bench = Bench(log, plugin)
+            bench = Bench(log, plugin, loop)
             subjects.append(Subject(label, bench, RssSampler(bench)))
             bench.prepare()
         for subject in subjects:
             subject.bench.__enter__()
-        asyncio.run(measure(subjects, plan, lambda figs: summary([f.to_json() for f in figs])))
+        loop.run(
+            lambda: measure(subjects, plan, lambda figs: summary([f.to_json() for f in figs])),
+            0,  # unbounded: every step bounds its own waits
+            "the bench's steps",
+        )
     except Exception as exc:  # set-up failed: still tear down and report what we have
         traceback.print_exc()
         failures.append(f"set-up: {type(exc).__name__}: {exc}")
     finally:
         cleanup = [(s, s.bench.close()) for s in subjects]
+        loop.close()
     data: dict[str, Any] = {}
     for subject, left in cleanup:
         mine = subject.failures + ([f"left behind: {left}"] if left else [])

@@ -33,7 +33,7 @@ from conformance.bench import procfs
 from conformance.bench.waits import BenchTimeout, poll_until, wait_until, within
 from conformance.contract.ledger import Ledger, process_ident, read_entries, survivors
 from conformance.contract.plugin import PluginUnderTest, resolve
-from conformance.kubelet import ThreadedKubeletEmulator
+from conformance.kubelet import LoopThread, ThreadedKubeletEmulator
 from conformance.targets.local.netns import NetNamespace, free_index
 from conformance.targets.local.observe import Observer
 from conformance.targets.local.sandbox import PluginSandbox
@@ -76,7 +76,9 @@ def stale_variant(desired: bytes) -> bytes:
 class Bench:
     """Node, emulator and plugin of one bench run; use as a context manager."""
 
-    def __init__(self, log_path: Path, plugin: PluginUnderTest | None = None) -> None:
+    def __init__(
+        self, log_path: Path, plugin: PluginUnderTest | None = None, loop: LoopThread | None = None
+    ) -> None:
         self.plugin = plugin or resolve()
         self.name = self.plugin.name
         self.log_path = log_path
@@ -89,7 +91,8 @@ class Bench:
         self.stage_dir = self.tmpfs / "stage"
         self.host_dev = self.root / "dev"
         self.kvm_rdev = os.stat("/dev/kvm").st_rdev
-        self.kubelet = ThreadedKubeletEmulator(self.plugin_dir)
+        # the loop the bench's own grpc.aio clients run on (one per process: see loopthread)
+        self.kubelet = ThreadedKubeletEmulator(self.plugin_dir, loop=loop)
         self.sandbox: BenchSandbox | None = None
         self.resource = self.plugin.resource or ""
         self.slots = 0

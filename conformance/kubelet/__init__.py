@@ -22,6 +22,7 @@ from .admission import (
     AllocationOutcome,
 )
 from .emulator import KubeletEmulator
+from .loopthread import LoopThread
 from .pods import ContainerRuntime, PodRecord
 from .threaded import ThreadedKubeletEmulator
 from .validation import is_extended_resource_name, resource_name_error, version_error
@@ -39,6 +40,7 @@ __all__ = [
     "ContainerRuntime",
     "EventKind",
     "KubeletEmulator",
+    "LoopThread",
     "PluginOptions",
     "PodRecord",
     "RegistrationRecord",

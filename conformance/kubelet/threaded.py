@@ -6,9 +6,6 @@ WaitTimeout naming the call is raised. Reads go straight to the thread-safe acco
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import TracebackType
@@ -22,16 +19,14 @@ from .accounting import (
     RegistrationRecord,
     ResourceState,
     TimelineEvent,
-    WaitTimeout,
     counts_wait,
 )
 from .admission import AllocationOutcome
 from .emulator import KubeletEmulator
+from .loopthread import LoopThread
 from .pods import ContainerRuntime, PodManager, PodRecord
 
 T = TypeVar("T")
-
-THREAD_NAME = "kubelet-emulator"
 
 
 class ThreadedKubeletEmulator:
@@ -45,6 +40,7 @@ class ThreadedKubeletEmulator:
         *,
         emulate_stale_client_bug: bool = False,
         call_timeout_s: float = 30.0,
+        loop: LoopThread | None = None,
     ) -> None:
         self.emulator = KubeletEmulator(
             plugin_dir,
@@ -54,40 +50,16 @@ class ThreadedKubeletEmulator:
         )
         self.accounting = self.emulator.accounting
         self.call_timeout_s = call_timeout_s
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        # Names of tasks still pending when the loop shut down: should stay empty.
-        self.leftover_tasks: list[str] = []
+        # A shared loop (see loopthread) is its owner's to close; an own one closes with stop().
+        self._own_loop = loop is None
+        self._lt = loop or LoopThread(call_timeout_s)
 
     # --- loop thread ------------------------------------------------------------------------
 
-    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is not None:
-            return self._loop
-        loop = asyncio.new_event_loop()
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(loop)
-            loop.call_soon(ready.set)
-            try:
-                loop.run_forever()
-            finally:
-                pending = asyncio.all_tasks(loop)
-                self.leftover_tasks = sorted(task.get_name() for task in pending)
-                for task in pending:
-                    task.cancel()
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(loop.shutdown_default_executor())
-                loop.close()
-
-        thread = threading.Thread(target=run, name=THREAD_NAME, daemon=True)
-        thread.start()
-        if not ready.wait(self.call_timeout_s):
-            raise WaitTimeout("the emulator event loop thread to start", self.call_timeout_s, None)
-        self._loop, self._thread = loop, thread
-        return loop
+    @property
+    def leftover_tasks(self) -> list[str]:
+        """Names of tasks still pending when the loop shut down: should stay empty."""
+        return self._lt.leftover_tasks
 
     def call(
         self,
@@ -96,18 +68,8 @@ class ThreadedKubeletEmulator:
         description: str = "emulator call",
     ) -> T:
         """Run coro_fn() on the emulator loop and block for its result (bounded)."""
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("blocking call from the emulator's own loop thread")
-        loop = self._ensure_loop()
         limit = self.call_timeout_s if timeout is None else timeout
-        future = asyncio.run_coroutine_threadsafe(coro_fn(), loop)
-        try:
-            return future.result(limit)
-        except concurrent.futures.TimeoutError:
-            if future.done():  # the coroutine itself raised a TimeoutError: pass it on
-                raise
-            future.cancel()
-            raise WaitTimeout(description, limit, "still running; cancelled") from None
+        return self._lt.run(coro_fn, limit, description)
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -116,7 +78,7 @@ class ThreadedKubeletEmulator:
 
     def stop(self, timeout: float | None = None, *, graceful: bool = True) -> None:
         """Stop the emulator, then the loop; the thread is joined (bounded)."""
-        if self._loop is None:
+        if self._lt.loop is None:
             return
         try:
             self.call(lambda: self.emulator.stop(graceful=graceful), timeout, "emulator stop")
@@ -131,15 +93,8 @@ class ThreadedKubeletEmulator:
         self.call(lambda: self.emulator.stop(graceful=False), timeout, "kubelet crash")
 
     def _close_loop(self, timeout: float | None) -> None:
-        loop, thread = self._loop, self._thread
-        self._loop = self._thread = None
-        if loop is None or thread is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        limit = self.call_timeout_s if timeout is None else timeout
-        thread.join(limit)
-        if thread.is_alive():
-            raise WaitTimeout("the emulator loop thread to exit", limit, "thread alive")
+        if self._own_loop:
+            self._lt.close(self.call_timeout_s if timeout is None else timeout)
 
     def __enter__(self) -> ThreadedKubeletEmulator:
         self.start()

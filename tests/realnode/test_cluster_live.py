@@ -21,6 +21,8 @@ import yaml
 
 from conformance.targets.realnode import NODE_NAME, node_images, nodes, procs, stack
 
+USES_NODE_STACK = True  # conftest: one node stack at a time on this machine
+
 # Checks no route of this target can make (the reason is recorded with them).
 NOT_APPLICABLE = {
     "atomic-replacement",

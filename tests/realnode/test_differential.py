@@ -26,6 +26,8 @@ from plugin.api import deviceplugin_pb2 as pb
 from tests.conformance.minimal_plugin import HEALTHY, UNHEALTHY, Faults
 from tests.realnode.sides import EmulatorSide, PluginThread, RealSide, Side, settle, write_cdi_spec
 
+USES_NODE_STACK = True  # conftest: one node stack at a time on this machine
+
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 FIXTURES = REPO / "fixtures" / "realnode"

@@ -38,6 +38,8 @@ from conformance.targets.realnode.sandboxed import (
 )
 from tests.fixture_plugins import build_go_kvm
 
+USES_NODE_STACK = True  # conftest: one node stack at a time on this machine
+
 GO_KVM = REPO / "fixtures" / "plugins" / "go-kvm" / "profile.yaml"
 # What the node target cannot make for any plugin: it deploys no DaemonSet to roll, and it does
 # not see the plugin's GetPreferredAllocation answer to the kubelet. The Go fixture declares

@@ -169,6 +169,13 @@ def _start_control_plane(controllers: str = "*,-nodelifecycle") -> Api:
 
 
 def start_kubelet(api: Api | None) -> procs.Proc:
+    proc = spawn_kubelet(api)
+    wait_kubelet(proc, api)
+    return proc
+
+
+def spawn_kubelet(api: Api | None) -> procs.Proc:
+    """The kubelet process started, not waited on (a reboot starts the plugin meanwhile)."""
     (RUN / "manifests").mkdir(parents=True, exist_ok=True)
     cfg = RUN / "kubelet.yaml"
     cfg.write_text(kubelet_config())
@@ -178,13 +185,16 @@ def start_kubelet(api: Api | None) -> procs.Proc:
     ]  # fmt: skip
     if api is not None:
         argv.append(f"--kubeconfig={kubeconfig(PKI, 'kubelet', RUN / 'kubelet.kubeconfig')}")
-    proc = procs.start("kubelet", argv)
+    return procs.start("kubelet", argv)
+
+
+def wait_kubelet(proc: procs.Proc, api: Api | None) -> None:
+    """Until the kubelet answers its healthz and (with an API server) its Node exists."""
     _wait(
         lambda: _http_ok(f"http://127.0.0.1:{KUBELET_HEALTHZ}/healthz"), 90, "kubelet healthz", proc
     )
     if api is not None:
         _wait(lambda: _node_exists(api), 60, f"Node {NODE_NAME} registered", proc)
-    return proc
 
 
 def _node_exists(api: Api) -> bool:
@@ -289,13 +299,36 @@ def down() -> list[str]:
     for d in made:
         shutil.rmtree(d, ignore_errors=True)
     nodes.remove_host_leftovers()
-    for root in ROOTS:
-        shutil.rmtree(root, ignore_errors=True)
+    problems = [why for root in ROOTS if (why := _remove_root(root))]
     for cg in _kubepods_cgroups():
         with contextlib.suppress(OSError):
             _rm_cgroup(cg)
     _remove_iptables_leftovers()
-    return verify_down()
+    # with what stopped a root's removal (a CI run once saw "directory /var/lib/kubelet" only)
+    return verify_down() + problems
+
+
+def _remove_root(root: Path) -> str:
+    """Remove one root; '' when gone, else what stood in the way (retried while it changes:
+    a process of the stack that was still exiting may have written there after the rmtree)."""
+    errors: list[str] = []
+
+    def removed() -> bool:
+        errors.clear()
+        shutil.rmtree(root, onerror=lambda _f, path, exc: errors.append(f"{path}: {exc[1]}"))
+        return not root.exists()
+
+    with contextlib.suppress(FileNotFoundError):
+        if removed():
+            return ""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError):
+            if removed():
+                return ""
+        time.sleep(0.2)  # pacing the retries of a removal, not a synchronisation
+    inside = sorted(str(p.relative_to(root)) for p in root.rglob("*"))[:5] if root.exists() else []
+    return f"directory {root} not removable: {'; '.join(errors[:3])}; holds {inside}"
 
 
 def _iptables_leftovers() -> list[tuple[str, str, str]]:
