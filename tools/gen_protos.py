@@ -1,4 +1,4 @@
-"""Regenerate the v1beta1 stubs from plugin/api/deviceplugin.proto.
+"""Regenerate the stubs of plugin/api/*.proto (device plugin v1beta1, DRA v1, plugin registration).
 
 Run with `nox -s protos` (or `python tools/gen_protos.py`). The output is
 deterministic for a given grpcio-tools/mypy-protobuf version, and a test
@@ -14,7 +14,11 @@ from pathlib import Path
 from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTO = "plugin/api/deviceplugin.proto"
+PROTOS = (
+    "plugin/api/deviceplugin.proto",
+    "plugin/api/dra.proto",
+    "plugin/api/pluginregistration.proto",
+)
 
 
 def generate(out_dir: Path) -> None:
@@ -29,7 +33,7 @@ def generate(out_dir: Path) -> None:
         f"--grpc_python_out={out_dir}",
         f"--mypy_out={out_dir}",
         f"--mypy_grpc_out={out_dir}",
-        str(ROOT / PROTO),
+        *(str(ROOT / proto) for proto in PROTOS),
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
