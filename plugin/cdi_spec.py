@@ -59,10 +59,16 @@ def desired_spec(
     uid: int = 65534,
     gid: int = 65534,
     cdi_version: str = DEFAULT_CDI_VERSION,
+    cdi_name: str = "",
 ) -> bytes:
-    """The exact bytes of the plugin's CDI spec; raises ValueError on unusable arguments."""
+    """The exact bytes of the plugin's CDI spec; raises ValueError on unusable arguments.
+
+    `cdi_name` names the CDI device (default: the hypervisor's name): the DRA mode writes one
+    spec per claim, and CDI device names of one kind must differ across spec files."""
     if device_name not in HYPERVISORS:
         raise ValueError(f"device_name must be one of {HYPERVISORS}, got {device_name!r}")
+    if cdi_name and not _DEVICE_RE.fullmatch(cdi_name):
+        raise ValueError(f"cdi_name must be a CDI device name, got {cdi_name[:80]!r}")
     if not device_path.startswith("/") or any(c in device_path for c in "\0\n"):
         raise ValueError(f"device_path must be an absolute path, got {device_path!r}")
     for label, ident in (("uid", uid), ("gid", gid)):
@@ -77,7 +83,7 @@ def desired_spec(
         "kind": kind_name,
         "devices": [
             {
-                "name": device_name,
+                "name": cdi_name or device_name,
                 "containerEdits": {
                     "deviceNodes": [
                         {
