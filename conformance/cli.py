@@ -111,6 +111,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "runs on this machine)",
     )
     run.add_argument(
+        "--allow-node-reboot",
+        action="store_true",
+        help="cluster: let the node-reboot check reboot the nodes named (it stops their kubelet "
+        "and removes EVERY pod sandbox there, other workloads too); without it node-reboot is "
+        "not_applicable there. kind and aks nodes the run creates are always rebooted",
+    )
+    run.add_argument(
         "--diag-image", default="", help="cluster/aks: diagnostic pod image (needs nsenter)"
     )
     run.add_argument("--resource-group", default="", help="aks: resource group (required)")
@@ -241,6 +248,7 @@ def _cluster_options(
             nodes=tuple(ns.nodes),
             all_nodes=ns.all_nodes,
             node_access=ns.node_access,
+            allow_node_reboot=ns.allow_node_reboot,
             **({"diag_image": ns.diag_image} if ns.diag_image else {}),
         ).validate()
         if not ns.dry_run:

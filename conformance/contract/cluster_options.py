@@ -45,6 +45,9 @@ class ClusterOptions:
     nodes: tuple[str, ...] = ()  # the nodes to certify; empty with all_nodes: every KVM node
     all_nodes: bool = False
     node_access: str = "pod"  # "pod": diagnostic pod + nsenter (as on AKS); "direct": here
+    # node-reboot removes every pod sandbox of the node: on a cluster the run did not create,
+    # only when the user opts in (--allow-node-reboot); kind's and AKS's own nodes always
+    allow_node_reboot: bool = False
     manifests: str = ""  # which chart values the plugin is rendered with (default per target)
     # aks
     resource_group: str = ""

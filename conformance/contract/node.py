@@ -218,4 +218,10 @@ def require(node: Node, *caps: str) -> None:
     """Raise NotApplicable when the target cannot do what the scenario needs."""
     missing = [c for c in caps if c not in node.capabilities]
     if missing:
-        raise NotApplicable(f"target '{node.name}' lacks {', '.join(missing)}")
+        # A target may say why it lacks one (e.g. an opt-in flag not given): optional, by name.
+        why: dict[str, str] = getattr(node, "capability_notes", None) or {}
+        reasons = "; ".join(f"{c}: {why[c]}" for c in missing if why.get(c))
+        raise NotApplicable(
+            f"target '{node.name}' lacks {', '.join(missing)}"
+            + (f" ({reasons})" if reasons else "")
+        )

@@ -150,6 +150,15 @@ class DockerExecAccess:
     def wrap(self, argv: list[str]) -> str:
         return shlex.join(self.argv(argv))
 
+    def local_path(self, path: str) -> str | None:
+        """The node's `path` as this machine reaches it: through the node container's root
+        (/proc/<pid>/root; the node is a container of this machine's engine)."""
+        got = self.runner.run(
+            ["docker", "inspect", "--format", "{{.State.Pid}}", self.where], check=False
+        )
+        pid = got.stdout.decode().strip()
+        return f"/proc/{pid}/root{path}" if got.rc == 0 and pid.isdigit() and pid != "0" else None
+
 
 NSENTER = ["nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--"]
 
@@ -208,6 +217,12 @@ class DirectAccess:
 
     def wrap(self, argv: list[str]) -> str:
         return f"(this machine, node {self.node}) {shlex.join(argv)}"
+
+    def local_path(self, path: str) -> str | None:
+        """The node's `path` from here: through its init's root when it has namespaces of its
+        own, else the path itself."""
+        prefix = self._prefix()
+        return f"/proc/{prefix[2]}/root{path}" if prefix else path
 
 
 def _ns(pid: int, kind: str) -> str:

@@ -197,6 +197,8 @@ class ExistingLifecycle(ClusterLifecycle):
             after + 1,
             Step("metadata-startup", "setup", f"this machine's {dev}: unchanged (no udev here)"),
         )
+        if o.allow_node_reboot and "baseline" in ids:
+            steps.insert([s.id for s in steps].index("baseline") + 1, reboot_step(where))
         return [
             Step(
                 "metadata-snapshot",
@@ -211,6 +213,7 @@ class ExistingLifecycle(ClusterLifecycle):
         return {
             **super().actions(),
             "cluster-check": lambda s: self._check_cluster(),
+            "node-reboot-allowed": lambda s: self.report.notes.append(s.what),
             "diag-pod": lambda s: self._create_diag(),
             "diag-delete": lambda s: self.diag.delete(),
             "verify-diag-gone": lambda s: self.diag.verify(),
@@ -264,6 +267,17 @@ class ExistingLifecycle(ClusterLifecycle):
         self.node_sh(RESTORE)
         seen = self.access().run(["sh", "-c", STATE_GONE]).stdout.decode().strip()
         self.report.verify("node state dir removed", seen == "gone", f"{STATE_DIR}: {seen}")
+
+
+def reboot_step(node: str) -> Step:
+    """What --allow-node-reboot lets the node-reboot check do, named in the plan."""
+    return Step(
+        "node-reboot-allowed",
+        "setup",
+        f"--allow-node-reboot: the node-reboot check stops the kubelet of node {node} and "
+        "removes EVERY pod sandbox on it through CRI (crictl rmp), other people's workloads "
+        "too, then starts the kubelet again",
+    )
 
 
 def kvm_nodes(api: KubeApi) -> list[str]:

@@ -29,6 +29,7 @@ from conformance.contract.node import (
     CAP_SOCKET_REDIRECT,
     Area,
     FileInfo,
+    NodeEvent,
     ReadStorm,
 )
 from conformance.contract.plugin import PluginUnderTest
@@ -49,7 +50,9 @@ from conformance.targets.cluster.inside import InsideFaults
 from conformance.targets.cluster.kube import ApiError, KubeApi, Obj
 from conformance.targets.cluster.kubelet import KubeletControl
 from conformance.targets.cluster.plan import ClusterOptions
+from conformance.targets.cluster.pods import ClusterPods
 from conformance.targets.cluster.ran import pod_ran
+from conformance.targets.cluster.reboot import ClusterNodeFaults
 from conformance.targets.cluster.rollout import Rollout
 from conformance.targets.cluster.workloads import (
     RESOURCE,
@@ -77,7 +80,9 @@ PROCESS_STATUS = (
 )
 
 
-class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
+class ClusterNode(
+    ClusterPods, GuestPods, ClusterNodeFaults, InsideFaults, KubeletControl, Rollout, NodeBase
+):
     """One node of a cluster, with the plugin deployed by the harness."""
 
     resource = RESOURCE  # the plugin's own, from its profile (cluster targets need it declared)
@@ -128,6 +133,8 @@ class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
         self._poll = options.poll_interval
         self._real = (0, 0)
         self._removed: tuple[Area, str] | None = None
+        self._events: list[NodeEvent] = []  # requests the kubelet refused or admitted
+        self.capability_notes: dict[str, str] = {}  # why a capability is not declared
 
     def _capabilities(self) -> frozenset[str]:
         caps = {CAP_KUBELET_RESTART, CAP_KUBELET_CRASH, CAP_PLUGIN_RESTART, CAP_ROLLOUT}
@@ -169,6 +176,7 @@ class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
         )
         self.host_metadata_at_start = self.host_device_metadata()
         self.enable_inside()
+        self.enable_workload_faults()
         for name, data in self.sentinels.items():
             self.write_file("cdi", name, data)
         if CAP_LONG_GUEST in self.capabilities:
@@ -197,6 +205,9 @@ class ClusterNode(GuestPods, InsideFaults, KubeletControl, Rollout, NodeBase):
 
     def teardown(self) -> None:
         """Workload pods gone and sentinels removed; the lifecycle's cleanup does the rest."""
+        self.stop_sampler()
+        self.undo_reboot()
+        self.delete_workloads()
         for pod in list(self._pods.values()):
             self._delete_pod(pod)
         self._pods.clear()

@@ -1,0 +1,126 @@
+"""Issue 26 on cluster targets without a cluster: node-reboot on a cluster the run did not create
+only with --allow-node-reboot (named in the plan, carried typed in the run context,
+not_applicable with that reason otherwise), and the kubelet's records read typed (pod-resources
+protobuf, the device checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from conformance.contract.node import CAP_NODE_REBOOT, require
+from conformance.contract.plugin import resolve as resolve_plugin
+from conformance.contract.results import NotApplicable
+from conformance.contract.runcontext import RunContext
+from conformance.targets.cluster.access import (
+    CommandRunner,
+    DirectAccess,
+    DockerExecAccess,
+    PodExecAccess,
+)
+from conformance.targets.cluster.podresources import _devices, checkpoint_pods
+from conformance.targets.cluster.reboot import ClusterNodeFaults
+from tests.targets.conftest import RUN_ID
+from tests.targets.test_cluster_target import KUBECONFIG, options
+
+RESOURCE = "hyperlight.dev/hypervisor"
+
+
+def _plan(*extra: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "conformance.cli", "run", "--target", "cluster", "--node",
+         "hv-node-7", "--kubeconfig", str(KUBECONFIG), "--dry-run", *extra],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return proc.stdout
+
+
+def test_the_dry_run_plan_names_the_node_a_reboot_is_allowed_on() -> None:
+    allowed = [ln for ln in _plan("--allow-node-reboot").splitlines() if "node-reboot" in ln]
+    assert len(allowed) == 1, allowed
+    assert "hv-node-7" in allowed[0] and "EVERY pod sandbox" in allowed[0]
+    assert "node-reboot" not in _plan()  # without the flag: nothing of the kind planned
+
+
+def test_the_opt_in_travels_typed_in_the_run_context(tmp_path: Path) -> None:
+    ctx = RunContext(
+        run_id=RUN_ID,
+        out_dir=str(tmp_path),
+        target="cluster",
+        runtime="process",
+        plugin=resolve_plugin(),
+        cluster=options(allow_node_reboot=True),
+    )
+    back = RunContext.from_json(json.loads(json.dumps(ctx.to_json())))
+    assert back.cluster is not None and back.cluster.allow_node_reboot is True
+    assert options().allow_node_reboot is False  # off unless asked for
+
+
+def _node(access: Any, **kw: Any) -> Any:
+    return SimpleNamespace(options=options(**kw), node_name="hv-node-7", access=access, inside=None)
+
+
+def _reason(node: Any) -> str:
+    return ClusterNodeFaults.reboot_reason(node)
+
+
+def test_a_cluster_the_run_did_not_create_is_rebooted_only_when_the_user_opted_in() -> None:
+    direct = DirectAccess("hv-node-7")
+    refused = _reason(_node(direct))
+    assert "--allow-node-reboot" in refused and "hv-node-7" in refused
+    assert _reason(_node(direct, allow_node_reboot=True)) == ""
+    # the nodes kind creates are rebooted without asking
+    docker = DockerExecAccess(CommandRunner(), "hvt-control-plane")
+    assert _reason(_node(docker, target="kind")) == ""
+
+
+def test_a_reboot_is_not_made_through_an_exec_the_reboot_would_cut() -> None:
+    pod = PodExecAccess(api=None, namespace="hvconform-diag-x", pod="hvconform-diag")  # type: ignore[arg-type]
+    reason = _reason(_node(pod, allow_node_reboot=True))
+    assert "rides on the kubelet" in reason
+
+
+def test_a_capability_left_out_says_why_in_the_not_applicable_reason() -> None:
+    node = SimpleNamespace(
+        name="cluster",
+        capabilities=frozenset(),
+        capability_notes={CAP_NODE_REBOOT: "opt in with --allow-node-reboot"},
+    )
+    with pytest.raises(NotApplicable, match=r"lacks node-reboot \(node-reboot: opt in with"):
+        require(node, CAP_NODE_REBOOT)  # type: ignore[arg-type]
+    bare = SimpleNamespace(name="local", capabilities=frozenset())
+    with pytest.raises(NotApplicable, match=r"lacks node-reboot$"):
+        require(bare, CAP_NODE_REBOOT)  # type: ignore[arg-type]
+
+
+def _ld(num: int, payload: bytes) -> bytes:
+    return bytes([num << 3 | 2, len(payload)]) + payload
+
+
+def test_pod_resources_devices_are_read_for_the_resource_only() -> None:
+    ours = _ld(1, RESOURCE.encode()) + _ld(2, b"dev-1") + _ld(2, b"dev-0")
+    other = _ld(1, b"example.com/gpu") + _ld(2, b"gpu-0")
+    answer = _ld(1, ours) + _ld(1, other)
+    assert _devices(answer, 1, RESOURCE) == ("dev-0", "dev-1")
+
+
+def test_the_checkpoint_names_the_pods_holding_the_resource() -> None:
+    data = {
+        "Data": {
+            "PodDeviceEntries": [
+                {"PodUID": "u1", "ContainerName": "guest", "ResourceName": RESOURCE},
+                {"PodUID": "u2", "ContainerName": "c", "ResourceName": "example.com/gpu"},
+            ],
+            "RegisteredDevices": {RESOURCE: ["a", "b"]},
+        },
+        "Checksum": 1,
+    }
+    assert checkpoint_pods(json.dumps(data).encode(), RESOURCE) == {"u1"}
+    assert checkpoint_pods(None, RESOURCE) == set()
