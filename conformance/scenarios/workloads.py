@@ -90,7 +90,13 @@ def _restart_keeps_pods(node: Node, rec: Recorder, graceful: bool) -> None:
             f"pod {pod.name}'s container was replaced by the kubelet {label} restart: "
             f"{pod.container_id}/{pod.restart_count} -> {now.container_id}/{now.restart_count}"
         )
-    listed = node.pod_resources().devices
+    # A real kubelet lists a pod only once its API source delivered it again (v1.37.2
+    # server_v1.go `List`: GetActivePods, the pod manager), up to a second after it is back.
+    listed = wait_for(
+        lambda: d if set(before) <= set(d := node.pod_resources().devices) else None,
+        RECOVERY_TIMEOUT_S,
+        f"pod-resources List to report every pod again ({label} restart)",
+    )
     moved = {
         before[u].name: (held[u], listed.get(u, ())) for u in before if listed.get(u) != held[u]
     }

@@ -15,6 +15,7 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,10 @@ import grpc
 from conformance.contract.quantity import quantity
 from conformance.targets.realnode import API_PORT, PODRESOURCES_SOCKET
 
-__all__ = ["Api", "ApiError", "PodResources", "quantity"]  # quantity: kept importable here
+RATE_LIMITED_FOR_S = 5.0
+
+# quantity: kept importable here
+__all__ = ["Api", "ApiError", "PodResources", "allocatable_devices", "quantity"]
 
 
 class ApiError(RuntimeError):
@@ -120,6 +124,12 @@ def _devices(buf: bytes, num: int) -> dict[str, list[str]]:
     return found
 
 
+def allocatable_devices(raw: bytes) -> dict[str, list[str]]:
+    """An AllocatableResourcesResponse: resource -> the healthy device IDs (the device
+    manager's healthy set: GetAllocatableDevices filters every known device by it)."""
+    return _devices(raw, 1)
+
+
 @dataclass(frozen=True)
 class PodDevices:
     namespace: str
@@ -135,18 +145,28 @@ class PodResources:
         self.socket = socket
 
     def _call(self, method: str) -> bytes:
+        """One call; refused by the kubelet's rate limit (podresources/constants.go: 100 a
+        second, a burst of 10; the node's event sampler uses some), asked again a token later."""
+        deadline = time.monotonic() + RATE_LIMITED_FOR_S
         with grpc.insecure_channel(f"unix://{self.socket}") as channel:
             call = channel.unary_unary(
                 f"/v1.PodResourcesLister/{method}",
                 request_serializer=lambda _: b"",
                 response_deserializer=lambda raw: raw,
             )
-            result: bytes = call(b"", timeout=5)
-        return result
+            while True:
+                try:
+                    result: bytes = call(b"", timeout=5)
+                    return result
+                except grpc.RpcError as exc:
+                    limited = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    if not limited or time.monotonic() > deadline:
+                        raise
+                time.sleep(0.01)  # the limiter's next token (one every 10 ms), not a sync
 
     def allocatable(self) -> dict[str, list[str]]:
         """resource -> device IDs the kubelet considers allocatable."""
-        return _devices(self._call("GetAllocatableResources"), 1)
+        return allocatable_devices(self._call("GetAllocatableResources"))
 
     def pods(self) -> list[PodDevices]:
         out = []

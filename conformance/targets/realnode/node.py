@@ -24,13 +24,16 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from conformance.contract.base import set_up
 from conformance.contract.ledger import mounts_at
 from conformance.contract.node import (
+    CAP_DEVICE_LATE,
+    CAP_NODE_REBOOT,
+    CAP_POD_DEVICE_HEALTH,
+    CAP_PODS,
+    CAP_STREAM_END,
     Allocation,
     Area,
     DeviceSpec,
@@ -48,13 +51,15 @@ from conformance.targets.realnode import (
     CDI_DIR,
     HOST_DEV,
     NODE_NAME,
-    PLUGIN_DIR,
     RUN,
     procs,
     stack,
 )
 from conformance.targets.realnode.configs import NAMESPACE, PKI, workload_pod
-from conformance.targets.realnode.kubeapi import Api, ApiError, PodResources
+from conformance.targets.realnode.events import NodeEventLog, klog_monotonic
+from conformance.targets.realnode.kubeapi import Api, PodResources
+from conformance.targets.realnode.pods import POD_TIMEOUT_S, RealPods
+from conformance.targets.realnode.reboot import RealNodeFaults, kubelet_sock_made
 from conformance.targets.realnode.restore import RealRestore
 from conformance.targets.realnode.sandboxed import (
     PLUGIN_LOG,
@@ -62,17 +67,19 @@ from conformance.targets.realnode.sandboxed import (
     make_shared,
     observed_capabilities,
 )
-from plugin.api.wire import KUBELET_SOCKET
 
 SETUP_TIMEOUT_S = 90.0
-POD_TIMEOUT_S = 60.0
-_REGISTERED = re.compile(
-    r"^I(\d{4} \d{2}:\d{2}:\d{2}\.\d+).*Got registration request from device plugin"
+# Pods, reboots, a late device, a stream the kubelet ends: made against the real kubelet (the
+# ResourceHealthStatus gate is beta and on by default in v1.37.2, kube_features.go, and neither
+# the kubelet nor the API server here sets a gate: allocatedResourcesStatus is filled and kept).
+WORKLOAD_CAPABILITIES = frozenset(
+    {CAP_PODS, CAP_NODE_REBOOT, CAP_DEVICE_LATE, CAP_STREAM_END, CAP_POD_DEVICE_HEALTH}
 )
+_REGISTERED = "Got registration request from device plugin"
 _RESOURCE = re.compile(r'Got registration request from device plugin[^"]*" resourceName="([^"]+)"')
 
 
-class RealNode(RealRestore, SandboxedPlugin):
+class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
     name = "node"
 
     def __init__(self, *, out_dir: Path, worker: str, plugin: PluginUnderTest) -> None:
@@ -83,9 +90,14 @@ class RealNode(RealRestore, SandboxedPlugin):
         self._init_plugin(plugin)
         self.resource = plugin.resource or ""
         self.spec_name = plugin.cdi_spec or ""
-        self.capabilities = BASE_CAPABILITIES | observed_capabilities(plugin)
+        self.capabilities = (
+            BASE_CAPABILITIES | observed_capabilities(plugin) | WORKLOAD_CAPABILITIES
+        )
         self.api: Api | None = None
         self.podresources = PodResources()
+        self.events_log: NodeEventLog | None = None
+        self._pod_uids: dict[str, str] = {}
+        self._workload_device = "/dev/kvm"  # until the first allocation says where it is
         self._own_stack = False
         self._pods: dict[int, str] = {}
         self._guests: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
@@ -110,6 +122,8 @@ class RealNode(RealRestore, SandboxedPlugin):
             raise EnvironmentBlocked(
                 "a plugin already runs on the node (node-up --plugin): stop it"
             )
+        self.events_log = NodeEventLog(self.api, lambda: self.resource, procs.LOGS / "kubelet.log")
+        self.events_log.start()
         self.workloads.mkdir(parents=True, exist_ok=True)
         self.workloads.chmod(0o777)
         self.state.mkdir(parents=True, exist_ok=True)
@@ -132,6 +146,7 @@ class RealNode(RealRestore, SandboxedPlugin):
         allocation = wait_for(
             self._admitted, SETUP_TIMEOUT_S, "an Allocate at node setup", interval=0.5
         )
+        self._workload_device = self._device_in_workload(allocation) or self._workload_device
         self._take_baseline(allocation, 30)
 
     def _registered_resource(self) -> str | None:
@@ -169,12 +184,16 @@ class RealNode(RealRestore, SandboxedPlugin):
             for pod in list(self._pods.values()):
                 self._delete_pod(pod)
             self._pods.clear()
+            if self.api is not None:
+                self.delete_check_pods()
             for mp in reversed(self._ro_mounts):
                 umount(mp)
             self._ro_mounts.clear()
             self._stop_plugin()
             self._unalias_plugin_dir()
         finally:
+            if self.events_log is not None:
+                self.events_log.stop()
             if PLUGIN_LOG.exists():
                 (self.out_dir / f"plugin-{self.worker}.log").write_bytes(PLUGIN_LOG.read_bytes())
             if self._own_stack:
@@ -226,16 +245,7 @@ class RealNode(RealRestore, SandboxedPlugin):
         self.touched()
         kubelet.stop(sig=signal.SIGTERM if graceful else signal.SIGKILL)
         stack.start_kubelet(self.api)
-        sock = PLUGIN_DIR / KUBELET_SOCKET
-
-        def made() -> float | None:
-            with contextlib.suppress(FileNotFoundError):
-                if (mtime := sock.stat().st_mtime) >= stopped_wall:
-                    return mtime
-            return None
-
-        made_wall = wait_for(made, 30, "the new kubelet.sock")
-        return made_wall - (time.time() - time.monotonic())
+        return kubelet_sock_made(stopped_wall)
 
     def last_registration_at(self) -> float | None:
         """When the kubelet last logged a registration request of the plugin's resource, on the
@@ -243,40 +253,11 @@ class RealNode(RealRestore, SandboxedPlugin):
         last = None
         ours = f'resourceName="{self.resource}"'
         for line in procs.log_tail("kubelet", 5000).splitlines():
-            if (m := _REGISTERED.match(line)) and ours in line:
-                last = m.group(1)
-        if last is None:
-            return None
-        year = datetime.now(UTC).year
-        wall = datetime.strptime(f"{year}{last}", "%Y%m%d %H:%M:%S.%f").replace(tzinfo=UTC)
-        return wall.timestamp() - (time.time() - time.monotonic())
+            if _REGISTERED in line and ours in line:
+                last = klog_monotonic(line) or last
+        return last
 
     # -- workloads ------------------------------------------------------------------------
-
-    def _pod(self, name: str) -> dict[str, Any] | None:
-        assert self.api is not None
-        try:
-            pod: dict[str, Any] = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
-        except ApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return pod
-
-    def _delete_pod(self, name: str) -> None:
-        assert self.api is not None
-        try:
-            self.api.request(
-                "DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}?gracePeriodSeconds=0"
-            )
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-        wait_for(lambda: self._pod(name) is None, POD_TIMEOUT_S, f"pod {name} deleted")
-
-    def _container_id(self, pod: str) -> str:
-        out = stack._crictl("ps", "-q", "--label", f"io.kubernetes.pod.name={pod}").stdout.split()
-        return out[0] if out else ""
 
     def allocate(self) -> Allocation:
         assert self.api is not None
@@ -284,12 +265,9 @@ class RealNode(RealRestore, SandboxedPlugin):
         body = workload_pod(name, self.resource, ["/pause"], self.workloads)
         self.api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body)
 
-        def settled() -> dict[str, Any] | None:
-            pod = self._pod(name)
-            phase = (pod or {}).get("status", {}).get("phase")
-            return pod if phase in ("Running", "Failed", "Succeeded") else None
-
-        pod = wait_for(settled, POD_TIMEOUT_S, f"pod {name} running or failed", interval=0.1)
+        pod = wait_for(
+            lambda: self._settled(name), POD_TIMEOUT_S, f"pod {name} running or failed", 0.1
+        )
         status = pod["status"]
         allocation = Allocation(
             ok=status["phase"] == "Running",
