@@ -39,6 +39,10 @@ async def _start(cfg: Config, listener: socket.socket | None) -> int:
         if worker is not None:
             await worker.start()
         # Deliberately here, after the spawn (see the module docstring), not at the top.
+        if cfg.mode == "dra":
+            from plugin.dra.daemon import run_dra
+
+            return await run_dra(cfg, listener, worker)
         from plugin.daemon import run
     except BaseException:
         if worker is not None:

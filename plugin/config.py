@@ -7,14 +7,17 @@ checks the directories and binds the health port. Both run before anything is cr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
+import re
 import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
+from plugin.api.dra_wire import PLUGINS_DIR
 from plugin.api.names import DEVICE_ACCESS_RESOURCE, HYPERVISOR_RESOURCE
 from plugin.cdi_spec import desired_spec, validate_spec
 from plugin.inputs import (
@@ -71,6 +74,21 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class DraConfig:
+    """--mode dra's own values (plugin.dra)."""
+
+    driver_name: str
+    node_name: str
+    plugins_registry_dir: Path
+    plugin_dir: Path
+    api_server: str  # empty: in-cluster
+    ca_file: str
+    token_file: str
+    client_cert: str
+    client_key: str
+
+
+@dataclass(frozen=True)
 class Config:
     mode: str
     hypervisor_device: str
@@ -94,6 +112,7 @@ class Config:
     log_level: str
     # Flags whose value came from their HV_ variable: refusals name both.
     from_env: frozenset[str] = frozenset()
+    dra: DraConfig | None = None  # --mode dra only
 
     @functools.cached_property
     def device_name(self) -> str:
@@ -244,7 +263,7 @@ def _check_spec(cfg: Config, values: _Values) -> None:
 def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Config:
     env = os.environ if environ is None else environ
     values = _Values(build_parser().parse_args(list(argv)), env)
-    mode = values.get("mode", _choice("hypervisor", "device-access"))
+    mode = values.get("mode", _choice("hypervisor", "device-access", "dra"))
     host_dev_dir = values.get("host-dev-dir", lambda raw: _abs_path(raw) if raw else None)
     # In device-access mode the plugin has no device of its own: auto looks at the host view.
     host_view = host_dev_dir if mode == "device-access" else None
@@ -291,6 +310,56 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) 
             f"{cfg.register_backoff_initial_s:g} is above --register-backoff-max "
             f"{cfg.register_backoff_max_s:g}",
         )
-    if mode == "hypervisor":
+    if mode in ("hypervisor", "dra"):
         _check_spec(cfg, values)
+    if mode == "dra":
+        cfg = dataclasses.replace(cfg, dra=_dra_config(values))
     return cfg
+
+
+# A DRA driver name: a DNS subdomain of at most 63 characters (resource.k8s.io DriverNameMaxLength)
+_DRIVER = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
+
+
+def _subdomain(limit: int) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if not raw or len(raw) > limit or not _DRIVER.fullmatch(raw):
+            raise Invalid(f"{show(raw)} is not a DNS subdomain of at most {limit} characters")
+        return raw
+
+    return parse
+
+
+def _https(raw: str) -> str:
+    if raw and (not raw.startswith("https://") or any(c in raw for c in " \n\t")):
+        raise Invalid(f"{show(raw)} must be an https:// URL")
+    return raw
+
+
+def _file_or_empty(raw: str) -> str:
+    return str(_abs_path(raw)) if raw else ""
+
+
+def _dra_config(values: _Values) -> DraConfig:
+    driver = values.get("driver-name", _subdomain(63))
+    server = values.get("kube-api-server", _https)
+    dra = DraConfig(
+        driver_name=driver,
+        node_name=values.get("node-name", _subdomain(253)),
+        plugins_registry_dir=values.get("plugins-registry-dir", _plugin_dir),
+        plugin_dir=values.get(
+            "dra-plugin-dir", lambda raw: _plugin_dir(raw or f"{PLUGINS_DIR}/{driver}")
+        ),
+        api_server=server,
+        ca_file=values.get("kube-ca-file", _file_or_empty),
+        token_file=values.get("kube-token-file", _file_or_empty),
+        client_cert=values.get("kube-client-cert", _file_or_empty),
+        client_key=values.get("kube-client-key", _file_or_empty),
+    )
+    if server and not dra.ca_file:
+        values.fail("kube-ca-file", "required with --kube-api-server")
+    if server and not (dra.token_file or dra.client_cert):
+        values.fail("kube-api-server", "needs --kube-token-file or --kube-client-cert")
+    if dra.client_key and not dra.client_cert:
+        values.fail("kube-client-key", "needs --kube-client-cert")
+    return dra

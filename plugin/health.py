@@ -25,7 +25,9 @@ class Condition:
 class HealthState:
     """Conditions behind liveness, readiness and the advertised device health."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, streams_required: bool = True) -> None:
+        # A DRA driver has no ListAndWatch stream: its readiness never waits for one.
+        self.streams_required = streams_required
         self._changed = asyncio.Event()
         self.generation = 0
         self.shutting_down = False
@@ -49,7 +51,7 @@ class HealthState:
         reasons = []
         if not self.registered.ok:
             reasons.append(f"registered: {self.registered.reason}")
-        if self.streams < 1:
+        if self.streams < 1 and self.streams_required:
             reasons.append("list_and_watch: no open ListAndWatch stream")
         if not self.device.ok:
             reasons.append(f"device: {self.device.reason}")

@@ -9,7 +9,8 @@ import argparse
 from dataclasses import dataclass
 from typing import NoReturn
 
-from plugin.api.names import SPEC_FILENAME
+from plugin.api.dra_wire import PLUGINS_REGISTRY_DIR
+from plugin.api.names import DRA_DRIVER, SPEC_FILENAME
 from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
 from plugin.cdi_spec import UINT32_MAX
 from plugin.inputs import printable
@@ -75,8 +76,10 @@ OPTIONS: tuple[_Opt, ...] = (
     _Opt(
         "mode",
         "hypervisor",
-        "hypervisor (advertise hyperlight.dev/hypervisor, inject by CDI) "
-        "or device-access (bootstrap: one device, DeviceSpec, for the plugin pod itself)",
+        "hypervisor (advertise hyperlight.dev/hypervisor, inject by CDI), "
+        "device-access (bootstrap: one device, DeviceSpec, for the plugin pod itself) "
+        "or dra (a DRA driver: plugin registration, NodePrepareResources, the node's "
+        "ResourceSlice; needs --node-name)",
     ),
     _Opt(
         "hypervisor-device",
@@ -168,6 +171,29 @@ OPTIONS: tuple[_Opt, ...] = (
         f"deadline of one Register call ({_secs(REGISTER_ATTEMPT_TIMEOUT_S)})",
     ),
     _Opt("log-level", "info", "debug, info, warning or error"),
+    # --mode dra only
+    _Opt("driver-name", DRA_DRIVER, "dra: the DRA driver name, a DNS subdomain of at most 63"),
+    _Opt("node-name", "", "dra: this node's name (its ResourceSlice's node and pool); required"),
+    _Opt(
+        "plugins-registry-dir",
+        PLUGINS_REGISTRY_DIR,
+        "dra: the kubelet's plugin registration dir: existing, writable, not a symlink",
+    ),
+    _Opt(
+        "dra-plugin-dir",
+        "",
+        "dra: the driver's own dir (its DRAPlugin socket, its prepared-claims state): existing, "
+        "writable, not a symlink (empty: /var/lib/kubelet/plugins/<driver name>)",
+    ),
+    _Opt(
+        "kube-api-server",
+        "",
+        "dra: https:// URL of the API server (empty: in-cluster, from the pod's service account)",
+    ),
+    _Opt("kube-ca-file", "", "dra, with --kube-api-server: the API server's CA bundle"),
+    _Opt("kube-token-file", "", "dra, with --kube-api-server: a bearer token file"),
+    _Opt("kube-client-cert", "", "dra, with --kube-api-server: a client certificate file"),
+    _Opt("kube-client-key", "", "dra, with --kube-client-cert: its key file"),
 )
 DEFAULTS = {opt.flag: opt.default for opt in OPTIONS}
 

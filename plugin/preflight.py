@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import ssl
 import stat
 from pathlib import Path
 
@@ -41,6 +42,44 @@ def check_directory(path: Path, label: str, *, writable: bool) -> None:
     if not os.access(path, need):
         what = "writable" if writable else "readable"
         raise ConfigError(f"{label}: directory {show(str(path))} is not {what} by this process")
+
+
+_FIELDS = {
+    "kube-ca-file": "ca_file",
+    "kube-token-file": "token_file",
+    "kube-client-cert": "client_cert",
+    "kube-client-key": "client_key",
+}
+
+
+def check_file(path: str, label: str) -> None:
+    """A named credential file: a readable regular file (empty: not named, nothing to check)."""
+    if not path:
+        return
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ConfigError(f"{label}: {show(path)}: {describe_oserror(exc)}") from None
+    if not stat.S_ISREG(st.st_mode) or not os.access(path, os.R_OK):
+        raise ConfigError(f"{label}: {show(path)} is not a readable regular file")
+
+
+def check_tls(cfg: Config) -> None:
+    """The CA bundle and the client certificate load (a PEM that is not one is refused now,
+    not at the first API call)."""
+    dra = cfg.dra
+    if dra is None or not dra.api_server:
+        return
+    try:
+        context = ssl.create_default_context(cafile=dra.ca_file)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"{cfg.label('kube-ca-file')}: not a CA bundle ({exc})"[:300]) from None
+    if dra.client_cert:
+        try:
+            context.load_cert_chain(dra.client_cert, dra.client_key or None)
+        except (ssl.SSLError, OSError) as exc:
+            label = cfg.label("kube-client-cert")
+            raise ConfigError(f"{label}: not a certificate and key ({exc})"[:300]) from None
 
 
 def bind_health(cfg: Config) -> socket.socket | None:
@@ -76,8 +115,17 @@ def bind_health(cfg: Config) -> socket.socket | None:
 
 def preflight(cfg: Config) -> socket.socket | None:
     """Every check against the machine; returns the bound health socket (None if disabled)."""
-    check_directory(cfg.device_plugin_dir, cfg.label("device-plugin-dir"), writable=True)
-    if cfg.mode == "hypervisor":
+    if cfg.dra is None:  # a DRA driver never touches the device plugin dir
+        check_directory(cfg.device_plugin_dir, cfg.label("device-plugin-dir"), writable=True)
+    else:
+        check_directory(
+            cfg.dra.plugins_registry_dir, cfg.label("plugins-registry-dir"), writable=True
+        )
+        check_directory(cfg.dra.plugin_dir, cfg.label("dra-plugin-dir"), writable=True)
+        for flag in ("kube-ca-file", "kube-token-file", "kube-client-cert", "kube-client-key"):
+            check_file(getattr(cfg.dra, _FIELDS[flag]), cfg.label(flag))
+        check_tls(cfg)
+    if cfg.mode in ("hypervisor", "dra"):
         check_directory(cfg.cdi_dir, cfg.label("cdi-dir"), writable=True)
     if cfg.host_dev_dir is not None:
         check_directory(cfg.host_dev_dir, cfg.label("host-dev-dir"), writable=False)

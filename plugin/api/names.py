@@ -15,6 +15,9 @@ from typing import Final
 HYPERVISOR_RESOURCE: Final = "hyperlight.dev/hypervisor"
 # The bootstrap resource the plugin's own DaemonSet requests to reach the device unprivileged.
 DEVICE_ACCESS_RESOURCE: Final = "hyperlight.dev/device-access"
+# The DRA driver name of the plugin's DRA mode (a DNS subdomain; its ResourceSlices, its
+# DeviceClass and its plugin registration carry it).
+DRA_DRIVER: Final = "hypervisor.hyperlight.dev"
 # The CDI kind of the injected device: by design the same string as the resource name.
 CDI_KIND: Final = HYPERVISOR_RESOURCE
 # The one CDI spec file the plugin owns in the CDI directory.

@@ -1,0 +1,207 @@
+"""The running DRA driver: device checks, the kubelet's two gRPC APIs, the node's ResourceSlice.
+
+Order at start: the device is checked first (as the device plugin does before it advertises),
+stray claim specs are swept, the DRAPlugin socket serves, and only then the registration socket
+appears in the kubelet's plugins_registry dir: the kubelet's plugin watcher dials it at once and
+the endpoint it is given must already answer. The slice is (re)published whenever the kubelet
+confirms a registration (a kubelet that starts wipes its node's slices) and whenever the
+device's usability changes (tainted while unusable). At SIGTERM the registration socket goes
+first, so the kubelet deregisters the driver before its endpoint stops answering; the slice is
+left to the kubelet, which wipes it if the driver does not come back (a rolling update must not
+empty the node for the scheduler meanwhile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import stat
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from plugin import logs, shutdown
+from plugin.api import dra_pb2_grpc as dra_grpc
+from plugin.api import pluginregistration_pb2_grpc as reg_grpc
+from plugin.config import Config, DraConfig
+from plugin.dra.allocation import ClaimError
+from plugin.dra.claim_specs import ClaimSpecs
+from plugin.dra.claims import ClaimStore
+from plugin.dra.kubeapi import ApiAccess, ApiError, KubeApi
+from plugin.dra.service import DraServicer, RegistrationServicer
+from plugin.dra.slice import SliceFacts, resource_slice
+from plugin.endpoints import HttpEndpoints
+from plugin.health import HealthState
+from plugin.monitor import Monitor
+from plugin.probe_worker import ProbeWorker
+from plugin.version import source_commit, version
+
+STATE_FILE = "claims.json"
+SERVICE_SOCKET = "dra.sock"
+PUBLISH_BACKOFF_S = (0.5, 30.0)
+
+
+def registration_socket(dra: DraConfig) -> Path:
+    return dra.plugins_registry_dir / f"{dra.driver_name}-reg.sock"
+
+
+def _remove_own_socket(path: Path) -> None:
+    """A socket this driver left (a crash): removed; anything else at the path is refused."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise RuntimeError(f"{path} exists and is not a socket: refusing to replace it")
+    path.unlink()
+
+
+def _api(dra: DraConfig) -> KubeApi:
+    if not dra.api_server:
+        return KubeApi(ApiAccess.in_cluster())
+    return KubeApi(ApiAccess(dra.api_server, dra.ca_file, dra.token_file, dra.client_cert,
+                             dra.client_key))  # fmt: skip
+
+
+class ClaimReader:
+    """The API as a ClaimSource: a failed read is that claim's error (the kubelet retries it)."""
+
+    def __init__(self, api: KubeApi) -> None:
+        self.api = api
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            return self.api.get_claim(namespace, name)
+        except (ApiError, OSError, ValueError) as exc:
+            raise ClaimError(f"reading claim {namespace}/{name}: {exc}"[:500]) from None
+
+
+class SlicePublisher:
+    """Publishes the node's slice after each registration and each usability change."""
+
+    def __init__(self, api: KubeApi, facts: SliceFacts, health: HealthState,
+                 registration: RegistrationServicer) -> None:  # fmt: skip
+        self.api, self.facts, self.health, self.reg = api, facts, health, registration
+        self.generation = 0
+        self.published: tuple[bool, str] | None = None  # (registered epoch seen, taint reason)
+        self._wake = asyncio.Event()
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        backoff = PUBLISH_BACKOFF_S[0]
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self.reg.registered:
+                continue  # not yet (or no longer) taken by the kubelet: nothing to publish
+            reason = "" if self.health.device.ok else self.health.device.reason
+            self.generation += 1
+            body = resource_slice(self.facts, generation=self.generation, unusable_reason=reason)
+            try:
+                await asyncio.to_thread(self.api.apply_slice, body)
+            except (ApiError, OSError) as exc:
+                logs.warn("slice_publish_failed", reason=str(exc)[:300], retry_s=backoff)
+                await asyncio.sleep(backoff)  # a retry's pacing, not a synchronisation
+                backoff = min(backoff * 2, PUBLISH_BACKOFF_S[1])
+                self._wake.set()
+                continue
+            backoff = PUBLISH_BACKOFF_S[0]
+            logs.log("slice_published", slice=self.facts.name, generation=self.generation,
+                     tainted=bool(reason))  # fmt: skip
+
+
+async def _follow(health: HealthState, reg: RegistrationServicer, pub: SlicePublisher) -> None:
+    """Poke the publisher on each registration word and each device usability change."""
+    seen_device = health.device.ok
+    while True:
+        changed = asyncio.ensure_future(reg.changed.wait())
+        ticked = asyncio.ensure_future(health.wait_change(health.generation))
+        await asyncio.wait([changed, ticked], return_when=asyncio.FIRST_COMPLETED)
+        for task in (changed, ticked):
+            task.cancel()
+        if changed.done() and not changed.cancelled():
+            health.set_registered(bool(reg.registered), reg.error or "refused by the kubelet")
+            pub.poke()
+        if health.device.ok != seen_device:
+            seen_device = health.device.ok
+            pub.poke()
+
+
+async def run_dra(cfg: Config, listener: socket.socket | None, worker: ProbeWorker | None) -> int:
+    """Serve until SIGTERM/SIGINT; the exit code."""
+    dra = cfg.dra
+    assert dra is not None
+    health = HealthState(streams_required=False)
+    monitor = Monitor(cfg, health, worker, None)
+    store = ClaimStore(dra.plugin_dir / STATE_FILE)
+    store.load()
+    specs = ClaimSpecs(cfg.cdi_dir, cfg.resource_name, cfg.device_name, cfg.hypervisor_device,
+                       cfg.device_uid, cfg.device_gid, cfg.cdi_version)  # fmt: skip
+    api = _api(dra)
+
+    async def verify() -> list[str]:
+        await monitor.verify_for_allocate()
+        return [] if health.device.ok else [health.device.reason]
+
+    endpoint = dra.plugin_dir / SERVICE_SOCKET
+    reg = RegistrationServicer(dra.driver_name, str(endpoint))
+    servicer = DraServicer(dra.driver_name, store, specs, ClaimReader(api), verify)
+    facts = SliceFacts(dra.driver_name, dra.node_name, cfg.device_name, None, cfg.slots)
+    publisher = SlicePublisher(api, facts, health, reg)
+    http = HttpEndpoints(health, listener) if listener is not None else None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    logs.log("starting", version=version(), commit=source_commit(), mode="dra",
+             driver=dra.driver_name, node=dra.node_name, device=cfg.hypervisor_device)  # fmt: skip
+    server = grpc.aio.server()
+    dra_grpc.add_DRAPluginServicer_to_server(servicer, server)
+    reg_server = grpc.aio.server()
+    reg_grpc.add_RegistrationServicer_to_server(reg, reg_server)
+    reg_sock = registration_socket(dra)
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        if http is not None:
+            await http.start()
+        await monitor.check_all()
+        swept = servicer.sweep()
+        if swept:
+            logs.warn("stray_claim_specs_removed", claims=swept)
+        for path in (endpoint, reg_sock):
+            _remove_own_socket(path)
+        server.add_insecure_port(f"unix:{endpoint}")
+        await server.start()
+        # the registration socket last: once it exists the kubelet may call the endpoint
+        reg_server.add_insecure_port(f"unix:{reg_sock}")
+        await reg_server.start()
+        tasks = [asyncio.ensure_future(c) for c in (monitor.run(), publisher.run(),
+                                                    _follow(health, reg, publisher))]  # fmt: skip
+        waiter = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        for task in done:
+            if task is not waiter and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        logs.log("stopping", reason="signal")
+        health.shutdown()
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            reg_sock.unlink()  # first: the kubelet's plugin watcher deregisters the driver
+        clean = await shutdown.cancel_tasks(tasks)
+        clean &= await shutdown.step("stop the registration server", reg_server.stop(None))
+        clean &= await shutdown.step("stop the gRPC server", server.stop(1.0))
+        with contextlib.suppress(FileNotFoundError):
+            endpoint.unlink()
+        if worker is not None:
+            clean &= await shutdown.step("stop the probe helper", worker.close())
+        if http is not None:
+            clean &= await shutdown.step("stop the HTTP endpoints", http.close())
+        logs.log("stopped", clean=clean)
+    return 0 if clean else 3
