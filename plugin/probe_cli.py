@@ -10,6 +10,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from plugin.api.dra_wire import PLUGINS_DIR
+from plugin.api.names import DRA_DRIVER, DRA_SOCKET
 from plugin.api.wire import DEVICE_PLUGIN_DIR
 from plugin.config import EXIT_CONFIG, ConfigError, env_name, parse_config
 from plugin.endpoints import LIVENESS_SERVICE, READINESS_SERVICE
@@ -34,6 +36,11 @@ def probe_main(argv: Sequence[str]) -> int:
         help=f"plugin socket dir [{env_name('device-plugin-dir')}]",
     )
     parser.add_argument("--mode", default=None, help=f"plugin mode [{env_name('mode')}]")
+    parser.add_argument(
+        "--dra-plugin-dir",
+        default=None,
+        help=f"--mode dra: the driver's socket dir [{env_name('dra-plugin-dir')}]",
+    )
     low, high = PROBE_RPC_TIMEOUT_S
     parser.add_argument("--timeout", default="2", help=f"seconds per attempt, {low:g} to {high:g}")
     try:
@@ -53,7 +60,13 @@ def probe_main(argv: Sequence[str]) -> int:
     mode = ns.mode or (base.mode if base else "hypervisor")
     prefix = "hyperlight-access" if mode == "device-access" else "hyperlight"
     service = LIVENESS_SERVICE if ns.which == "liveness" else READINESS_SERVICE
-    sockets = sorted(plugin_dir.glob(f"{prefix}-*.sock"), key=lambda p: -p.lstat().st_mtime)
+    if mode == "dra":  # the DRA driver answers Health on its DRAPlugin endpoint
+        dra_dir = ns.dra_plugin_dir or (
+            str(base.dra.plugin_dir) if base and base.dra else f"{PLUGINS_DIR}/{DRA_DRIVER}"
+        )
+        sockets = [p for p in [Path(dra_dir) / DRA_SOCKET] if p.exists()]
+    else:
+        sockets = sorted(plugin_dir.glob(f"{prefix}-*.sock"), key=lambda p: -p.lstat().st_mtime)
     answer = {"probe": ns.which, "status": "NO_SOCKET", "socket": ""}
     for sock in sockets:
         with grpc.insecure_channel(f"unix:{sock}") as channel:

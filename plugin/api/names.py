@@ -18,6 +18,8 @@ DEVICE_ACCESS_RESOURCE: Final = "hyperlight.dev/device-access"
 # The DRA driver name of the plugin's DRA mode (a DNS subdomain; its ResourceSlices, its
 # DeviceClass and its plugin registration carry it).
 DRA_DRIVER: Final = "hypervisor.hyperlight.dev"
+# The DRA mode's DRAPlugin endpoint (with gRPC Health) in its plugin dir.
+DRA_SOCKET: Final = "dra.sock"
 # The CDI kind of the injected device: by design the same string as the resource name.
 CDI_KIND: Final = HYPERVISOR_RESOURCE
 # The one CDI spec file the plugin owns in the CDI directory.

@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2_grpc
 
 from plugin import logs, shutdown
 from plugin.api import dra_pb2_grpc as dra_grpc
 from plugin.api import pluginregistration_pb2_grpc as reg_grpc
+from plugin.api.names import DRA_SOCKET
 from plugin.config import Config, DraConfig
 from plugin.dra.allocation import ClaimError
 from plugin.dra.claim_specs import ClaimSpecs
@@ -34,14 +36,13 @@ from plugin.dra.claims import ClaimStore
 from plugin.dra.kubeapi import ApiAccess, ApiError, KubeApi
 from plugin.dra.service import DraServicer, RegistrationServicer
 from plugin.dra.slice import SliceFacts, resource_slice
-from plugin.endpoints import HttpEndpoints
+from plugin.endpoints import GrpcHealth, HttpEndpoints
 from plugin.health import HealthState
 from plugin.monitor import Monitor
 from plugin.probe_worker import ProbeWorker
 from plugin.version import source_commit, version
 
 STATE_FILE = "claims.json"
-SERVICE_SOCKET = "dra.sock"
 PUBLISH_BACKOFF_S = (0.5, 30.0)
 
 
@@ -149,7 +150,7 @@ async def run_dra(cfg: Config, listener: socket.socket | None, worker: ProbeWork
         await monitor.verify_for_allocate()
         return [] if health.device.ok else [health.device.reason]
 
-    endpoint = dra.plugin_dir / SERVICE_SOCKET
+    endpoint = dra.plugin_dir / DRA_SOCKET
     reg = RegistrationServicer(dra.driver_name, str(endpoint))
     servicer = DraServicer(dra.driver_name, store, specs, ClaimReader(api), verify)
     facts = SliceFacts(dra.driver_name, dra.node_name, cfg.device_name, None, cfg.slots)
@@ -163,6 +164,8 @@ async def run_dra(cfg: Config, listener: socket.socket | None, worker: ProbeWork
              driver=dra.driver_name, node=dra.node_name, device=cfg.hypervisor_device)  # fmt: skip
     server = grpc.aio.server()
     dra_grpc.add_DRAPluginServicer_to_server(servicer, server)
+    # gRPC Health on the endpoint: the exec probes (`hv-device-plugin probe ... --mode dra`)
+    health_pb2_grpc.add_HealthServicer_to_server(GrpcHealth(health), server)
     reg_server = grpc.aio.server()
     reg_grpc.add_RegistrationServicer_to_server(reg, reg_server)
     reg_sock = registration_socket(dra)

@@ -89,6 +89,12 @@ def test_refusals_are_one_line_and_create_nothing(
         assert list((root / made).iterdir()) == [], made
 
 
+def _probe(root: Path, which: str) -> int:
+    argv = [sys.executable, "-m", "plugin", "probe", which, "--mode", "dra", "--dra-plugin-dir",
+            str(root / "driver")]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, timeout=30).returncode
+
+
 @pytest.mark.kvm
 def test_sockets_answers_and_stop(root: Path) -> None:
     assert KVM.exists(), "needs /dev/kvm"
@@ -98,6 +104,8 @@ def test_sockets_answers_and_stop(root: Path) -> None:
     try:
         wait_for(reg_sock.exists, 30, "the registration socket")
         assert endpoint.exists(), "the registration socket appeared before the endpoint"
+        assert _probe(root, "liveness") == 0
+        assert _probe(root, "readiness") == 1, "ready before the kubelet took the registration"
         with grpc.insecure_channel(f"unix:{reg_sock}") as channel:
             stub = reg_grpc.RegistrationStub(channel)
             info = stub.GetInfo(reg.InfoRequest(), timeout=10)
