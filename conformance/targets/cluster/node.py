@@ -33,7 +33,6 @@ from conformance.contract.node import (
     ReadStorm,
 )
 from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.quantity import quantity
 from conformance.contract.ran import PluginRan
 from conformance.contract.results import NotApplicable
 from conformance.contract.wait import wait_for
@@ -433,16 +432,6 @@ class ClusterNode(
         return result.stdout.decode()
 
     # -- the kubelet ----------------------------------------------------------------------
-
-    def _node_status(self, key: str) -> int:
-        node = self.api.get("v1", "Node", self.node_name) or {}
-        return quantity(str(node.get("status", {}).get(key, {}).get(self.resource, "0")))
-
-    def capacity(self) -> int:
-        return self._node_status("capacity")
-
-    def allocatable(self) -> int:
-        return self._node_status("allocatable")
 
     def start_read_storm(self, area: Area, name: str, accepted: list[bytes]) -> ReadStorm:
         raise NotImplementedError("no read storm on cluster targets (capability not declared)")

@@ -11,11 +11,13 @@ from its pod-resources API on the node (conformance.targets.cluster.podresources
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from typing import TYPE_CHECKING, Any
 
 from conformance.contract.node import CAP_GUEST, Allocation, NodeEvent, PodResources, PodView
+from conformance.contract.quantity import quantity
 from conformance.contract.wait import wait_for
 from conformance.targets.cluster.access import NodeAccess, NodeFiles
 from conformance.targets.cluster.guests import container_id, running
@@ -84,6 +86,7 @@ class ClusterPods:
     _podres: PodResourcesClient | None = None
     _events: list[NodeEvent]
     _node_down: bool = False
+    _started_pods: bool = False  # start_pod was called: delete_workloads has work to do
 
     if TYPE_CHECKING:  # GuestPods' and ClusterNode's, after this class in the MRO
 
@@ -101,6 +104,25 @@ class ClusterPods:
             text = f"{allocation.reason}: {allocation.message}"
             self._events.append(NodeEvent(time.monotonic(), "refused", detail=text))
         return allocation
+
+    # -- the kubelet's counts -------------------------------------------------------------
+
+    def _node_status(self, key: str) -> int:
+        node = self.api.get("v1", "Node", self.node_name) or {}
+        return quantity(str(node.get("status", {}).get(key, {}).get(self.resource, "0")))
+
+    def capacity(self) -> int:
+        return self._node_status("capacity")
+
+    def allocatable(self) -> int:
+        """The kubelet's own count (pod-resources GetAllocatableResources) where it can be
+        read: the Node status the API server holds lags it by up to the 10 s status period,
+        long enough for a plugin's unhealthy minute to look healthy."""
+        if self._podres is not None:
+            # the kubelet restarting: the API's last word meanwhile
+            with contextlib.suppress(Exception):
+                return len(self._podres.allocatable())
+        return self._node_status("allocatable")
 
     # -- the pod-resources API ------------------------------------------------------------
 
@@ -154,6 +176,7 @@ class ClusterPods:
         )
 
     def start_pod(self, owner: str = "") -> PodView:
+        self._started_pods = True
         pod = self._new_pod("rs" if owner else "pod")
         name = pod["metadata"]["name"]
         pod["metadata"]["labels"].update({OWNER_LABEL: owner, WORKLOAD_LABEL: name})
@@ -233,6 +256,8 @@ class ClusterPods:
 
     def delete_workloads(self) -> None:
         """What the checks' pods left (a failed check's): every ReplicaSet and pod of ours."""
+        if not self._started_pods:
+            return
         ns = self.options.work_namespace
         for rs in self.api.list_objects("apps/v1", "ReplicaSet", ns, labels=OWNER_LABEL):
             self.api.delete("apps/v1", "ReplicaSet", rs["metadata"]["name"], ns, grace=0)

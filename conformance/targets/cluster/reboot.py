@@ -29,6 +29,7 @@ from conformance.contract.node import (
     CAP_STREAM_END,
     NodeEvent,
 )
+from conformance.contract.nodeinit import KUBELET_LOG, KUBELET_PID
 from conformance.contract.results import NotApplicable
 from conformance.targets.cluster.access import NodeAccess, NodeAccessError, NodeFiles
 from conformance.targets.cluster.guests import CRICTL_SNIPPET
@@ -55,7 +56,8 @@ START = "date +%s.%N; systemctl start kubelet"
 # The kubelet's log lines for the resource ($2) since $1 (unix time): registrations, and the
 # ListAndWatch stream ending (v1.37.2 client.go Run: then runClient disconnects the endpoint).
 JOURNAL = (
-    'journalctl -u kubelet -o short-unix --no-pager --since "@$1" '
+    f"{{ if [ -r {KUBELET_PID} ]; then awk -v s=\"$1\" '$1 >= s' {KUBELET_LOG}; "
+    'else journalctl -u kubelet -o short-unix --no-pager --since "@$1"; fi; } '
     '| grep -E "Got registration request|ListAndWatch ended unexpectedly" | grep -F "$2"'
 )
 # $1: the plugin container's pid on the node, $2 the device-plugin dir. Prints "PID FD" for each
@@ -82,7 +84,8 @@ SHUTDOWN = (
     'for my $fd (@fds) { my $l = syscall(438, $p, $fd + 0, 0); die "pidfd_getfd: $!\\n" if $l < 0; '
     'syscall($sd, $l, 2) == 0 or die "shutdown: $!\\n"; }\' "$sd" "$pid" "$@"'
 )
-TOOLS = "command -v ss && command -v perl && command -v readlink && command -v systemctl"
+STREAM_TOOLS = ("ss", "perl", "readlink")
+REBOOT_TOOLS = (*STREAM_TOOLS, "systemctl")  # a kubelet run by systemd (kind, AKS)
 
 
 def _kubelet_minor(node: Obj) -> int:
@@ -171,12 +174,14 @@ class ClusterNodeFaults:
                 f"the kubelet is v1.{minor}: ResourceHealthStatus (allocatedResourcesStatus) is on "
                 f"by default from v1.{RESOURCE_HEALTH_BETA}"
             )
-        tools = self.node_tools_reason()
-        if tools or pods:
-            notes[CAP_STREAM_END] = tools or pods
+        tools = self.node_tools_reason(STREAM_TOOLS)
+        if tools:
+            notes[CAP_STREAM_END] = tools
         else:
             caps.add(CAP_STREAM_END)
-        reboot = self.reboot_reason() or tools or pods
+        reboot = (
+            self.reboot_reason() or self.node_tools_reason(REBOOT_TOOLS) or self._systemd() or pods
+        )
         if reboot:
             notes[CAP_NODE_REBOOT] = reboot
         else:
@@ -210,10 +215,18 @@ class ClusterNodeFaults:
             )
         return ""
 
-    def node_tools_reason(self) -> str:
-        """'' when the node has what the stream and reboot faults run (ss, perl, systemd)."""
-        result = self.access.run(["sh", "-c", TOOLS])
-        return "" if result.rc == 0 else "the node lacks ss, perl, readlink or systemctl"
+    def _systemd(self) -> str:
+        """'' when the kubelet is a running systemd unit (stopped and started by the reboot)."""
+        probe = f"[ ! -r {KUBELET_PID} ] && systemctl is-active --quiet kubelet"
+        if self.access.run(["sh", "-c", probe]).rc == 0:
+            return ""
+        return "the kubelet is not a running systemd unit here (a node init runs it)"
+
+    def node_tools_reason(self, tools: tuple[str, ...]) -> str:
+        """'' when the node has the tools a fault runs, else which it lacks."""
+        probe = 'for t in "$@"; do command -v "$t" >/dev/null || echo "$t"; done'
+        lacking = self.access.run(["sh", "-c", probe, "sh", *tools]).stdout.decode().split()
+        return f"the node lacks {', '.join(lacking)}" if lacking else ""
 
     # -- reboot ---------------------------------------------------------------------------
 
