@@ -25,7 +25,21 @@ def host_path_allowed(path: str) -> bool:
         return True
     if any(norm == t or norm.startswith(t + "/") for t in (*SYSTEM_TREES, "/dev", "/etc")):
         return norm == "/etc/cdi"  # the CDI static dir is the one place allowed under /etc
-    return norm.endswith("/device-plugins") or norm.endswith("/cdi")
+    if norm.endswith(("/device-plugins", "/cdi", "/plugins_registry")):
+        return True
+    # a kubelet plugin's own dir (<root>/plugins/<driver name>): a DRA driver's socket and state
+    parent, name = posixpath.split(norm)
+    return parent.endswith("/plugins") and bool(name) and name not in (".", "..")
+
+
+# What a DRA driver needs from the API, and all a plugin's service account may be granted for
+# its token to be mounted: read the claims it prepares, write ResourceSlices (its own node's
+# only, by an admission policy RBAC cannot express).
+DRA_DRIVER_RULES: Final = frozenset(
+    {("resource.k8s.io", "resourceclaims", v) for v in ("get", "list", "watch")}
+    | {("resource.k8s.io", "resourceslices", v)
+       for v in ("get", "list", "watch", "create", "update", "patch", "delete")}
+)  # fmt: skip
 
 
 WORKLOAD_KINDS: Final = frozenset({"DaemonSet", "Deployment", "StatefulSet", "Job", "Pod"})
@@ -38,13 +52,15 @@ RULES: Final[Mapping[str, str]] = {
     "not-privileged": "securityContext.privileged is not true",
     "seccomp-runtime-default": "seccompProfile RuntimeDefault (container level, else pod level)",
     "read-only-rootfs": "securityContext.readOnlyRootFilesystem is true",
-    "no-sa-token": "pod automountServiceAccountToken is false, explicitly",
+    "no-sa-token": "pod automountServiceAccountToken is false, explicitly, unless its service "
+    "account is granted nothing beyond a DRA driver's rules (claims read, ResourceSlices written)",
     "termination-message-path": "explicit terminationMessagePath on an emptyDir, outside /dev",
     "termination-message-policy": "explicit terminationMessagePolicy",
     "probes": "liveness and readiness probes on every long-running container",
     "resources": "cpu and memory in both requests and limits",
-    "host-paths": "hostPath volumes only for a kubelet plugin dir (<root>/device-plugins), a "
-    "CDI dir (<dir>/cdi) and /dev, outside the system's own trees",
+    "host-paths": "hostPath volumes only for a kubelet plugin dir (<root>/device-plugins, "
+    "<root>/plugins_registry, <root>/plugins/<name>), a CDI dir (<dir>/cdi) and /dev, outside "
+    "the system's own trees",
     "host-dev-read-only": "every mount of the /dev view is readOnly, recursively where possible",
     "no-host-namespaces": "no hostNetwork, hostPID or hostIPC",
     "image-pinned": "image pinned by a tag other than latest, or by a digest",
@@ -88,9 +104,36 @@ def _containers(pod: Any) -> Iterator[tuple[str, Mapping[str, Any], bool]]:
             yield f"{field}[{name}]", container, long_running
 
 
+def _granted(objects: list[Mapping[str, Any]]) -> dict[str, set[tuple[str, str, str]]]:
+    """Service account name -> every (group, resource, verb) its bindings in `objects` grant
+    ("*" for a wildcard); a binding to a role not in `objects` grants ("?", "?", "?")."""
+    roles = {
+        (o.get("kind"), _get(o, "metadata", "name")): o
+        for o in objects
+        if o.get("kind") in ("Role", "ClusterRole")
+    }
+    out: dict[str, set[tuple[str, str, str]]] = {}
+    for binding in objects:
+        if binding.get("kind") not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        role = roles.get((_get(binding, "roleRef", "kind"), _get(binding, "roleRef", "name")))
+        rules: set[tuple[str, str, str]] = set()
+        for rule in (_get(role, "rules") or []) if role else []:
+            for g in _get(rule, "apiGroups") or [""]:
+                for r in _get(rule, "resources") or ["*"]:
+                    rules |= {(str(g), str(r), str(v)) for v in _get(rule, "verbs") or ["*"]}
+        if role is None:
+            rules.add(("?", "?", "?"))
+        for subject in _get(binding, "subjects") or []:
+            if _get(subject, "kind") == "ServiceAccount":
+                out.setdefault(str(_get(subject, "name")), set()).update(rules)
+    return out
+
+
 class _Checker:
-    def __init__(self) -> None:
+    def __init__(self, granted: Mapping[str, set[tuple[str, str, str]]] | None = None) -> None:
         self.violations: list[Violation] = []
+        self.granted = granted or {}
 
     def fail(self, rule: str, where: str, detail: str) -> None:
         self.violations.append(Violation(rule, where, detail))
@@ -98,7 +141,13 @@ class _Checker:
     def pod(self, where: str, pod: Any) -> None:
         if _get(pod, "automountServiceAccountToken") is not False:
             found = _get(pod, "automountServiceAccountToken")
-            self.fail("no-sa-token", where, f"automountServiceAccountToken is {found!r}")
+            account = str(_get(pod, "serviceAccountName") or "default")
+            extra = sorted(self.granted.get(account, {("?", "?", "?")}) - DRA_DRIVER_RULES)
+            if account == "default" or extra:
+                beyond = f" (service account {account!r} may also {extra[:3]})" if extra else ""
+                self.fail(
+                    "no-sa-token", where, f"automountServiceAccountToken is {found!r}{beyond}"
+                )
         for field in ("hostNetwork", "hostPID", "hostIPC"):
             if _get(pod, field) is True:
                 self.fail("no-host-namespaces", where, f"{field} is true")
@@ -187,7 +236,8 @@ class _Checker:
 
 def check_policy(objects: Iterable[Mapping[str, Any]]) -> list[Violation]:
     """Every violation of RULES in `objects`; an empty list means the manifests comply."""
-    checker = _Checker()
+    objects = list(objects)
+    checker = _Checker(_granted(objects))
     workloads = 0
     for obj in objects:
         if obj.get("kind") not in WORKLOAD_KINDS:

@@ -1,9 +1,10 @@
 {{/*
 One DaemonSet of the plugin. The caller passes a dict: root (the chart's top context), name,
-component, mode (hypervisor or device-access), args (a list), cdi (mount the CDI dir) and
+component, mode (hypervisor, device-access or dra), args (a list), cdi (mount the CDI dir) and
 resources. The policy tests (tests/manifests, tests/chart) fail if any of the properties below
-is lost: no capabilities, RuntimeDefault seccomp, read-only root, no service-account token, an
-explicit termination-log path on an emptyDir.
+is lost: no capabilities, RuntimeDefault seccomp, read-only root, no service-account token (but
+the DRA driver's: it reads claims and writes its node's slice, nothing else), an explicit
+termination-log path on an emptyDir.
 */}}
 {{- define "hv.daemonset" -}}
 {{- $root := .root -}}
@@ -33,8 +34,14 @@ spec:
       {{- with $v.priorityClassName }}
       priorityClassName: {{ . | quote }}
       {{- end }}
+      {{- if eq .mode "dra" }}
+      # The DRA driver reads its claims and writes its own node's ResourceSlice (rbac-dra.yaml).
+      serviceAccountName: {{ include "hv.draName" $root }}
+      automountServiceAccountToken: true
+      {{- else }}
       # The plugin talks to the kubelet through its socket dir only; it never calls the API.
       automountServiceAccountToken: false
+      {{- end }}
       enableServiceLinks: false
       {{- with $v.image.pullSecrets }}
       imagePullSecrets:
@@ -76,9 +83,18 @@ spec:
             {{- range .args }}
             - {{ . | quote }}
             {{- end }}
-          {{- with $v.extraEnv }}
+          {{- if or $v.extraEnv (eq .mode "dra") }}
           env:
+            {{- if eq .mode "dra" }}
+            # its node's name: the slice's node and pool
+            - name: HV_NODE_NAME
+              valueFrom:
+                fieldRef:
+                  fieldPath: spec.nodeName
+            {{- end }}
+            {{- with $v.extraEnv }}
             {{- toYaml . | nindent 12 }}
+            {{- end }}
           {{- end }}
           {{- if $v.metrics.enabled }}
           ports:
@@ -105,23 +121,32 @@ spec:
           # network port, and work with metrics disabled.
           startupProbe:
             exec:
-              command: ["hv-device-plugin", "probe", "liveness", "--mode", {{ .mode | quote }}]
+              command: ["hv-device-plugin", "probe", "liveness", "--mode", {{ .mode | quote }}{{ include "hv.probeDir" . }}]
             {{- toYaml $v.probes.startup | nindent 12 }}
           livenessProbe:
             exec:
-              command: ["hv-device-plugin", "probe", "liveness", "--mode", {{ .mode | quote }}]
+              command: ["hv-device-plugin", "probe", "liveness", "--mode", {{ .mode | quote }}{{ include "hv.probeDir" . }}]
             {{- toYaml $v.probes.liveness | nindent 12 }}
           readinessProbe:
             exec:
-              command: ["hv-device-plugin", "probe", "readiness", "--mode", {{ .mode | quote }}]
+              command: ["hv-device-plugin", "probe", "readiness", "--mode", {{ .mode | quote }}{{ include "hv.probeDir" . }}]
             {{- toYaml $v.probes.readiness | nindent 12 }}
           resources:
             {{- toYaml .resources | nindent 12 }}
           volumeMounts:
             - name: tmp
               mountPath: /tmp
+            {{- if eq .mode "dra" }}
+            # at the host's own paths: the endpoint the driver names to the kubelet is dialled
+            # on the host
+            - name: plugins-registry
+              mountPath: {{ include "hv.hostRegistryDir" $root }}
+            - name: dra-plugin
+              mountPath: {{ include "hv.hostDraDir" $root }}
+            {{- else }}
             - name: device-plugins
               mountPath: {{ include "hv.pluginDir" $root }}
+            {{- end }}
             {{- if .cdi }}
             - name: cdi
               mountPath: {{ include "hv.cdiDir" $root }}
@@ -136,10 +161,21 @@ spec:
         - name: tmp
           emptyDir:
             sizeLimit: 16Mi
+        {{- if eq .mode "dra" }}
+        - name: plugins-registry
+          hostPath:
+            path: {{ include "hv.hostRegistryDir" $root }}
+            type: Directory
+        - name: dra-plugin
+          hostPath:
+            path: {{ include "hv.hostDraDir" $root }}
+            type: DirectoryOrCreate
+        {{- else }}
         - name: device-plugins
           hostPath:
             path: {{ include "hv.hostPluginDir" $root }}
             type: Directory
+        {{- end }}
         {{- if .cdi }}
         - name: cdi
           hostPath:

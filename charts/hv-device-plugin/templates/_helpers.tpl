@@ -21,6 +21,15 @@ objects as `helm template` whatever the release is called.
 {{/* Host paths: the node's kubelet root and CDI dir (values kubeletRootDir, cdiDir). */}}
 {{- define "hv.hostPluginDir" -}}{{ trimSuffix "/" .Values.kubeletRootDir }}/device-plugins{{- end -}}
 {{- define "hv.hostCdiDir" -}}{{ .Values.cdiDir }}{{- end -}}
+{{/* The DRA driver's dirs: the kubelet's plugin registration dir and the driver's own dir,
+mounted at the same paths in the pod (the driver names its endpoint to the kubelet). */}}
+{{- define "hv.hostRegistryDir" -}}{{ trimSuffix "/" .Values.kubeletRootDir }}/plugins_registry{{- end -}}
+{{- define "hv.hostDraDir" -}}{{ trimSuffix "/" .Values.kubeletRootDir }}/plugins/{{ .Values.dra.driverName }}{{- end -}}
+{{- define "hv.draName" -}}hv-dra-driver-{{ .Values.hypervisor }}{{- end -}}
+{{/* The probe's extra flags: the DRA driver's dir (the dict passed to hv.daemonset). */}}
+{{- define "hv.probeDir" -}}
+{{- if eq .mode "dra" }}, "--dra-plugin-dir", {{ include "hv.hostDraDir" .root | quote }}{{ end -}}
+{{- end -}}
 {{- define "hv.hostDevView" -}}/host-dev{{- end -}}
 
 {{/* Labels of one DaemonSet and its pods; `.name` and `.component` come from the caller. */}}
