@@ -24,6 +24,7 @@ from conformance.kubelet import ThreadedKubeletEmulator
 from conformance.targets.realnode import CDI_DIR, NODE_NAME, PLUGIN_DIR, RUN, procs, stack
 from conformance.targets.realnode.configs import NAMESPACE, workload_pod
 from conformance.targets.realnode.kubeapi import Api, ApiError, quantity
+from conformance.targets.realnode.reboot import kubelet_plugin_fds, shut_down_in
 from tests.conformance.minimal_plugin import Faults, MinimalPlugin
 
 T = TypeVar("T")
@@ -43,6 +44,7 @@ class Side(Protocol):
     def counts(self, resource: str) -> tuple[int, int]: ...  # (capacity, allocatable)
     def admit(self, resource: str) -> Admission: ...
     def restart_kubelet(self, graceful: bool) -> None: ...
+    def end_stream(self, resource: str, socket: Path) -> None: ...  # ended by the kubelet
     def release_all(self) -> None: ...
     def close(self) -> None: ...
 
@@ -70,6 +72,9 @@ class EmulatorSide:
 
     def restart_kubelet(self, graceful: bool) -> None:
         self.kubelet.restart(graceful)
+
+    def end_stream(self, resource: str, socket: Path) -> None:
+        self.kubelet.end_stream(resource)
 
     def release_all(self) -> None:
         for record in self._records:
@@ -128,6 +133,16 @@ class RealSide:
         assert kubelet is not None, "the real node's kubelet is not running"
         kubelet.stop(sig=signal.SIGTERM if graceful else signal.SIGKILL)
         stack.start_kubelet(self.api)
+
+    def end_stream(self, resource: str, socket: Path) -> None:
+        """The kubelet's connection to the plugin's socket shut down from the kubelet's side
+        (as the node target's stream-lost check makes it)."""
+        kubelet = procs.recorded("kubelet")
+        assert kubelet is not None, "the real node's kubelet is not running"
+        fds = kubelet_plugin_fds(kubelet.pid, str(socket.parent), socket.name)
+        assert fds, f"the kubelet holds no connection to {socket}"
+        for fd in fds:
+            shut_down_in(kubelet.pid, fd)
 
     def release_all(self) -> None:
         for name in self._pods:

@@ -153,12 +153,28 @@ def kubelet_restart(side: Side, resource: str) -> Outcome:
     return steps
 
 
+def stream_ended_by_kubelet(side: Side, resource: str) -> Outcome:
+    """The kubelet's side of the connection broken (a plugin that does NOT register again by
+    itself): the endpoint disconnected, every device unhealthy; a new registration restores."""
+    plugin = PluginThread(side.plugin_dir, resource)
+    steps: dict[str, Any] = {"registered": settle(side, resource, (2, 2))}
+    try:
+        side.end_stream(resource, plugin.plugin.socket_path)
+        steps["kubelet_ended_stream"] = settle(side, resource, (2, 0))
+        plugin.call(plugin.plugin.restart_and_register)
+        steps["after_reregistration"] = settle(side, resource, (2, 2))
+    finally:
+        plugin.close()
+    return steps
+
+
 SCENARIOS: dict[str, Callable[[Side, str], Outcome]] = {
     "registration": registration,
     "health": health,
     "allocation": allocation,
     "admission_failure": admission_failure,
     "kubelet_restart": kubelet_restart,
+    "stream_ended_by_kubelet": stream_ended_by_kubelet,
 }
 
 

@@ -81,16 +81,17 @@ def _unix_streams() -> dict[int, tuple[str, int]]:
     return table
 
 
-def kubelet_plugin_fds(kubelet_pid: int, plugin_dir: str) -> list[int]:
+def kubelet_plugin_fds(kubelet_pid: int, plugin_dir: str, endpoint: str = "") -> list[int]:
     """The kubelet's fds connected to a plugin endpoint in `plugin_dir` (as the plugin names
-    it), other than the kubelet's own registration socket."""
+    it; only `endpoint` when given), other than the kubelet's own registration socket."""
     table = _unix_streams()
     fds = []
     for inode, fd in _socket_fds(kubelet_pid).items():
         peer = table.get(table.get(inode, ("", 0))[1])
         if peer is not None:
             name = PurePosixPath(peer[0])
-            if str(name.parent) == plugin_dir and name.name != KUBELET_SOCKET:
+            ours = name.name == endpoint if endpoint else name.name != KUBELET_SOCKET
+            if str(name.parent) == plugin_dir and ours:
                 fds.append(fd)
     return fds
 
