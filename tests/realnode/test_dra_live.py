@@ -1,0 +1,172 @@
+"""The DRA mode LIVE (issue 28): this plugin as a DRA driver beside a real v1.37.2 kubelet, API
+server, scheduler and containerd with CDI (the node stack), judged on what the kubelet's and
+the scheduler's code does with it, nothing recorded:
+
+- the kubelet's plugin watcher takes the registration (pkg/kubelet/pluginmanager; the driver's
+  readiness follows it) and the driver publishes its node's ResourceSlice;
+- a pod spec unchanged from the device-plugin world (limits hyperlight.dev/hypervisor: 1) is
+  served through the chart's DeviceClass (extendedResourceName, KEP-5004, GA in v1.37): the
+  scheduler allocates the device, the kubelet calls NodePrepareResources, containerd injects
+  /dev/kvm from the claim's CDI spec, and a KVM guest runs in the pod;
+- a kubelet restart while the claim is prepared keeps the pod running (the kubelet prepares
+  again; the driver answers the same), and the driver republishes the slice the restarted
+  kubelet wiped (dra_plugin_manager.go wipeResourceSlices);
+- once the pod is gone the kubelet unprepares the claim and no CDI spec is left
+  (test/e2e_node/dra_test.go).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.contract.wait import wait_for
+from conformance.targets.realnode import BIN, CDI_DIR, NODE_NAME, REPO, procs, stack
+from conformance.targets.realnode.configs import NAMESPACE, PKI, workload_pod
+from conformance.targets.realnode.kubeapi import Api, ApiError
+from plugin.api.dra_wire import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
+from plugin.api.names import DRA_DRIVER, HYPERVISOR_RESOURCE
+from tests.chart.helm import template
+
+USES_NODE_STACK = True  # conftest: one node stack at a time on this machine
+
+pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow]
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+DRIVER_DIR = Path(PLUGINS_DIR) / DRA_DRIVER
+LIVE_S = 90.0
+
+
+def _kvm() -> tuple[int, int, int, int]:
+    st = os.stat("/dev/kvm")
+    return st.st_mode, st.st_uid, st.st_gid, st.st_rdev
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[Api]:
+    missing = [n for n in ("kubelet", "kube-apiserver", "kube-scheduler") if not (BIN / n).exists()]
+    if missing:
+        pytest.skip(f"the node is not built ({', '.join(missing)}): run `nox -s node-build`")
+    if (p := procs.recorded("kubelet")) is not None and p.alive:
+        pytest.skip("a node is already up on this machine: `nox -s node-down` first")
+    before = _kvm()
+    try:
+        api = stack.up()
+        assert api is not None
+        yield api
+    finally:
+        left = stack.down()
+        assert not left, f"node-down left: {left}"
+        assert _kvm() == before, "/dev/kvm changed"
+
+
+@pytest.fixture(scope="module")
+def driver(
+    node: Api, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[subprocess.Popen[bytes]]:
+    DRIVER_DIR.mkdir(parents=True, exist_ok=True)  # under the stack's kubelet root: node-down
+    Path(PLUGINS_REGISTRY_DIR).mkdir(parents=True, exist_ok=True)
+    log = (tmp_path_factory.mktemp("dra") / "driver.log").open("wb")
+    argv = [sys.executable, "-m", "plugin", "--mode", "dra", "--node-name", NODE_NAME,
+            "--hypervisor-device", "/dev/kvm", "--cdi-dir", str(CDI_DIR), "--health-addr", "",
+            "--kube-api-server", "https://127.0.0.1:16443", "--kube-ca-file", str(PKI / "ca.crt"),
+            "--kube-client-cert", str(PKI / "admin.crt"), "--kube-client-key",
+            str(PKI / "admin.key"), "--log-level", "debug"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        log.close()
+
+
+def _slices(api: Api) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = api.get(f"{RESOURCE_API}/resourceslices")["items"]
+    return [s for s in items if s["spec"]["driver"] == DRA_DRIVER]
+
+
+def _dra_pod(name: str, command: list[str], state: Path) -> dict[str, Any]:
+    """The node target's workload pod, scheduled (not bound by nodeName): DRA allocation is the
+    scheduler's, a pod bound by hand never gets a claim."""
+    pod = workload_pod(name, HYPERVISOR_RESOURCE, command, state)
+    del pod["spec"]["nodeName"]
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": NODE_NAME}
+    return pod
+
+
+def _pod(api: Api, name: str) -> dict[str, Any] | None:
+    try:
+        pod: dict[str, Any] = api.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+    except ApiError as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return pod
+
+
+def _claim_specs() -> list[str]:
+    return sorted(p.name for p in CDI_DIR.glob("hyperlight-claim-*.json"))
+
+
+def test_a_pod_asking_for_the_extended_resource_runs_a_guest_through_dra(
+    node: Api, driver: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    api = node
+    (klass,) = [o for o in template({"mode": "dra"}) if o["kind"] == "DeviceClass"]
+    api.request("POST", f"{RESOURCE_API}/deviceclasses", klass)
+    wait_for(lambda: _slices(api), LIVE_S, "the driver's ResourceSlice after registration")
+    (published,) = _slices(api)
+    assert published["spec"]["nodeName"] == NODE_NAME
+    assert [d["name"] for d in published["spec"]["devices"]] == ["kvm"]
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o777)
+    name = f"hv-dra-{uuid.uuid4().hex[:6]}"
+    counter = ["/usr/bin/python3", "-m", "conformance.guest", "counter", "--device", "/dev/kvm",
+               "--state-file", "/state/c.json", "--interval", "0.05"]  # fmt: skip
+    api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", _dra_pod(name, counter, state))
+
+    def counting() -> int:
+        pod = _pod(api, name)
+        phase = (pod or {}).get("status", {}).get("phase")
+        assert phase not in ("Failed", "Succeeded"), json.dumps((pod or {}).get("status"))[:1500]
+        try:
+            return int(json.loads((state / "c.json").read_text())["counter"])
+        except (OSError, ValueError, KeyError):
+            return 0
+
+    wait_for(lambda: counting() > 2, LIVE_S, "the pod's KVM guest counting (DRA-injected /dev/kvm)")
+    assert len(_claim_specs()) == 1, "one CDI spec for the pod's one claim"
+    started = _pod(api, name)
+    assert started is not None
+    claims = started["status"].get("extendedResourceClaimStatus") or {}
+    assert claims.get("resourceClaimName"), started["status"]
+    # a kubelet restart with the claim prepared: the pod keeps running, the slice comes back
+    kubelet = procs.recorded("kubelet")
+    assert kubelet is not None
+    kubelet.stop(sig=signal.SIGTERM)
+    stack.start_kubelet(api)
+    back = time.monotonic()
+    wait_for(lambda: _slices(api), LIVE_S, "the slice republished after the kubelet restart")
+    seen = counting()
+    wait_for(lambda: counting() > seen + 2, LIVE_S, "the guest still counting after the restart")
+    now = _pod(api, name)
+    assert now is not None
+    assert now["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert time.monotonic() - back < LIVE_S
+    # the pod goes: the claim is unprepared, its spec removed
+    api.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}?gracePeriodSeconds=0")
+    wait_for(lambda: _pod(api, name) is None, LIVE_S, "the pod deleted")
+    wait_for(lambda: not _claim_specs(), LIVE_S, "no CDI spec left after the claim's unprepare")
+    assert driver.poll() is None, "the driver exited"
+    api.request("DELETE", f"{RESOURCE_API}/deviceclasses/{klass['metadata']['name']}")
