@@ -265,6 +265,11 @@ class ClusterNodeFaults:
             self._node(["sh", "-c", "systemctl start kubelet"])
             self._node_down = False
 
+    def restore_baseline(self) -> list[str]:
+        """After a check: a node a failed check left down is started again."""
+        self.undo_reboot()
+        return []
+
     def checkpoint_pod_uids(self) -> set[str]:
         path = posixpath.join(posixpath.dirname(self.socket_path), posixpath.basename(CHECKPOINT))
         return checkpoint_pods(self.files.read_path(path), self.resource)
