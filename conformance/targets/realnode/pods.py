@@ -20,7 +20,7 @@ from typing import Any
 
 from conformance.contract.node import PodResources, PodView
 from conformance.contract.wait import wait_for
-from conformance.targets.realnode import stack
+from conformance.targets.realnode import NODE_NAME, stack
 from conformance.targets.realnode.configs import NAMESPACE, workload_pod
 from conformance.targets.realnode.kubeapi import Api, ApiError
 from conformance.targets.realnode.kubeapi import PodResources as PodResourcesApi
@@ -130,10 +130,14 @@ class RealPods:
                                f"pod {name} running or failed", interval=0.1)  # fmt: skip
             self._pod_uids[name] = settled["metadata"]["uid"]
             return _view(settled)
-        # a controller's workload: a ReplicaSet of one, run again by the controller manager
+        # A controller's workload: a ReplicaSet of one, run again by the controller manager,
+        # placed by the scheduler (as a real one is: not bound to the node while its status
+        # offers no device, so a refused pod is not replaced in a loop by one bound anyway).
         labels = {**pod["metadata"]["labels"], RS_LABEL: name}
         pod["metadata"] = {"labels": labels}
         pod["spec"]["restartPolicy"] = "Always"
+        del pod["spec"]["nodeName"]
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": NODE_NAME}
         replicaset = {
             "apiVersion": "apps/v1",
             "kind": "ReplicaSet",
