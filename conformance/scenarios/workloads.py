@@ -33,6 +33,9 @@ from conformance.scenarios.common import FAULT_TIMEOUT_S, RECOVERY_TIMEOUT_S, wa
 
 RUNNING = "Running"
 COUNTING_S = 30.0
+# A real kubelet limits its pod-resources API (v1.37.2 podresources/constants.go: 100 calls a
+# second, a burst of 10; each look here is two): polled at 20 a second.
+POD_RESOURCES_EVERY_S = 0.05
 
 
 def start_running_pod(node: Node, rec: Recorder, owner: str = "") -> PodView:
@@ -77,6 +80,7 @@ def _restart_keeps_pods(node: Node, rec: Recorder, graceful: bool) -> None:
         lambda: set(node.pod_resources().allocatable) == wanted,
         RECOVERY_TIMEOUT_S,
         f"GetAllocatableResources to report the same {len(wanted)} devices ({label} restart)",
+        interval=POD_RESOURCES_EVERY_S,
     )
     after = {p.uid: p for p in node.pods()}
     for uid, pod in before.items():
@@ -96,6 +100,7 @@ def _restart_keeps_pods(node: Node, rec: Recorder, graceful: bool) -> None:
         lambda: d if set(before) <= set(d := node.pod_resources().devices) else None,
         RECOVERY_TIMEOUT_S,
         f"pod-resources List to report every pod again ({label} restart)",
+        interval=POD_RESOURCES_EVERY_S,
     )
     moved = {
         before[u].name: (held[u], listed.get(u, ())) for u in before if listed.get(u) != held[u]
