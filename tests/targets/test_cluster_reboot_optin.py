@@ -7,6 +7,7 @@ protobuf, the device checkpoint).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from conformance.contract.node import CAP_NODE_REBOOT, require
 from conformance.contract.plugin import resolve as resolve_plugin
 from conformance.contract.results import NotApplicable
 from conformance.contract.runcontext import RunContext
+from conformance.contract.wait import wait_for
 from conformance.targets.cluster.access import (
     CommandRunner,
     DirectAccess,
@@ -26,7 +28,7 @@ from conformance.targets.cluster.access import (
     PodExecAccess,
 )
 from conformance.targets.cluster.podresources import _devices, checkpoint_pods
-from conformance.targets.cluster.reboot import ClusterNodeFaults
+from conformance.targets.cluster.reboot import KUBELET_FDS, AllocatableSampler, ClusterNodeFaults
 from tests.targets.conftest import RUN_ID
 from tests.targets.test_cluster_target import KUBECONFIG, options
 
@@ -94,10 +96,10 @@ def test_a_capability_left_out_says_why_in_the_not_applicable_reason() -> None:
         capability_notes={CAP_NODE_REBOOT: "opt in with --allow-node-reboot"},
     )
     with pytest.raises(NotApplicable, match=r"lacks node-reboot \(node-reboot: opt in with"):
-        require(node, CAP_NODE_REBOOT)  # type: ignore[arg-type]
+        require(node, CAP_NODE_REBOOT)
     bare = SimpleNamespace(name="local", capabilities=frozenset())
     with pytest.raises(NotApplicable, match=r"lacks node-reboot$"):
-        require(bare, CAP_NODE_REBOOT)  # type: ignore[arg-type]
+        require(bare, CAP_NODE_REBOOT)
 
 
 def _ld(num: int, payload: bytes) -> bytes:
@@ -124,3 +126,52 @@ def test_the_checkpoint_names_the_pods_holding_the_resource() -> None:
     }
     assert checkpoint_pods(json.dumps(data).encode(), RESOURCE) == {"u1"}
     assert checkpoint_pods(None, RESOURCE) == set()
+
+
+def test_the_kubelets_connections_to_the_plugins_socket_are_found_by_inode(
+    tmp_path: Path,
+) -> None:
+    """KUBELET_FDS on `ss -xpn` as the v1.37.2 kind node prints it: the plugin's accepted
+    socket (its path, its peer's inode) names the kubelet's fd; another plugin's (the
+    device-access one, another process) and the kubelet's other sockets do not."""
+    me = os.getpid()  # the "plugin": a process of this PID namespace
+    ss = tmp_path / "ss"
+    lines = [
+        'u_str ESTAB 0 0 * 3739793 * 3739794 users:(("kubelet",pid=583,fd=11))',
+        "u_str ESTAB 0 0 /var/lib/kubelet/device-plugins/hyperlight-access-f6.sock 3787761 "
+        '* 3787760 users:(("hv-device-plugi",pid=999999,fd=22))',
+        "u_str ESTAB 0 0 /var/lib/kubelet/device-plugins/hyperlight-10.sock 3789133 * 3788715 "
+        f'users:(("hv-device-plugi",pid={me},fd=24))',
+        'u_str ESTAB 0 0 * 3788715 * 3789133 users:(("kubelet",pid=583,fd=26))',
+        'u_str ESTAB 0 0 * 3787760 * 3787761 users:(("kubelet",pid=583,fd=24))',
+    ]
+    ss.write_text("#!/bin/sh\ncat <<'EOF'\n" + "\n".join(lines) + "\nEOF\n")
+    ss.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    out = subprocess.run(
+        ["sh", "-c", KUBELET_FDS, "sh", str(me), "/var/lib/kubelet/device-plugins"],
+        capture_output=True, text=True, env=env, check=True,
+    ).stdout  # fmt: skip
+    assert out.split() == ["583", "26"]
+
+
+class _Allocatable:
+    def __init__(self) -> None:
+        self.answers = [("a", "b"), ("a", "b"), (), ("a", "b")]
+
+    def allocatable(self) -> tuple[str, ...]:
+        if len(self.answers) > 1:
+            return self.answers.pop(0)
+        return self.answers[0]
+
+
+def test_the_sampler_records_each_change_of_the_kubelets_count() -> None:
+    sampler = AllocatableSampler(_Allocatable())  # type: ignore[arg-type]
+    try:
+        wait_for(lambda: len(sampler.changes) >= 3, 10, "three changes sampled", 0.01)
+    finally:
+        sampler.stop()
+    counts = [n for _, n in sampler.changes]
+    assert counts == [2, 0, 2]
+    times = [t for t, _ in sampler.changes]
+    assert times == sorted(times)
