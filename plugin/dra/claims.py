@@ -37,6 +37,7 @@ class PreparedDevice:
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
+    share_id: str = ""  # the allocation's shareID of a shared device (consumable capacity)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -44,6 +45,7 @@ class PreparedDevice:
             "pool": self.pool,
             "device": self.device,
             "cdiDeviceIDs": list(self.cdi_ids),
+            "shareID": self.share_id,
         }
 
     @classmethod
@@ -53,6 +55,7 @@ class PreparedDevice:
             str(raw["pool"]),
             str(raw["device"]),
             tuple(str(i) for i in raw["cdiDeviceIDs"]),
+            str(raw.get("shareID", "")),
         )
 
 

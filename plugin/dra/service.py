@@ -106,14 +106,15 @@ class DraServicer(dra_grpc.DRAPluginServicer):
                          reason=one.error)  # fmt: skip
                     continue
                 for device in prepared.devices:
-                    one.devices.append(
-                        dra.Device(
-                            request_names=list(device.request_names),
-                            pool_name=device.pool,
-                            device_name=device.device,
-                            cdi_device_ids=list(device.cdi_ids),
-                        )
+                    answer_device = dra.Device(
+                        request_names=list(device.request_names),
+                        pool_name=device.pool,
+                        device_name=device.device,
+                        cdi_device_ids=list(device.cdi_ids),
                     )
+                    if device.share_id:  # the kubelet keys a shared device's health by it
+                        answer_device.share_id = device.share_id
+                    one.devices.append(answer_device)
         return answer
 
     async def _prepare(self, ref: ClaimRef) -> PreparedClaim:
@@ -129,16 +130,16 @@ class DraServicer(dra_grpc.DRAPluginServicer):
         raw = await asyncio.to_thread(self.source.get_claim, ref.namespace, ref.name)
         allocated = allocated_devices(raw, ref, self.driver)
         cdi_ids = tuple(await asyncio.to_thread(self.specs.write, ref.uid))
-        by_device: dict[tuple[str, str], list[str]] = {}
-        for a in allocated:  # one entry per device, naming every request it serves
-            by_device.setdefault((a.pool, a.device), []).append(a.request)
+        by_device: dict[tuple[str, str, str], list[str]] = {}
+        for a in allocated:  # one entry per device (and share), naming every request it serves
+            by_device.setdefault((a.pool, a.device, a.share_id), []).append(a.request)
         claim = PreparedClaim(
             ref.uid,
             ref.namespace,
             ref.name,
             tuple(
-                PreparedDevice(tuple(reqs), pool, device, cdi_ids)
-                for (pool, device), reqs in by_device.items()
+                PreparedDevice(tuple(reqs), pool, device, cdi_ids, share)
+                for (pool, device, share), reqs in by_device.items()
             ),
         )
         self.store.put(claim)  # on disk before the answer leaves

@@ -147,14 +147,17 @@ def test_prepare_answers_own_devices_with_the_spec_on_disk(short: Path) -> None:
 async def _prepare_own(driver: Driver) -> None:
     async with served(driver) as stub:
         other = {"request": "gpu", "driver": "gpu.example.com", "pool": "p", "device": "g0"}
-        uid = driver.claims.add("c1", [_ours("hv"), other, _ours("hv2")])
+        shared = {**_ours("hv3"), "shareID": "0a1b2c3d-0000-4000-8000-000000000001"}
+        uid = driver.claims.add("c1", [_ours("hv"), other, _ours("hv2"), shared])
         answer = await stub.NodePrepareResources(
             dra.NodePrepareResourcesRequest(claims=[_claim(uid, "c1")])
         )
         one = answer.claims[uid]
         assert one.error == ""
-        assert [(list(d.request_names), d.pool_name, d.device_name) for d in one.devices] == [
-            (["hv", "hv2"], "node-a", "kvm")
+        got = [(list(d.request_names), d.pool_name, d.device_name, d.share_id) for d in one.devices]
+        assert got == [
+            (["hv", "hv2"], "node-a", "kvm", ""),
+            (["hv3"], "node-a", "kvm", "0a1b2c3d-0000-4000-8000-000000000001"),
         ]
         assert list(one.devices[0].cdi_device_ids) == [f"{CDI_KIND}=kvm-{uid}"]
         spec = driver.cdi / f"hyperlight-claim-{uid}.json"
