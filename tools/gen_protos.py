@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTOS = (
     "plugin/api/deviceplugin.proto",
     "plugin/api/dra.proto",
+    "plugin/api/drahealth.proto",
     "plugin/api/pluginregistration.proto",
 )
 

@@ -15,6 +15,11 @@ PLUGIN_TYPE_DRA: Final = "DRAPlugin"
 # PluginInfo.supported_versions: the gRPC services the driver serves, as "<package>.<service>"
 # with the package's last element; the kubelet picks the first one it knows.
 DRA_SERVICE_V1: Final = "v1.DRAPlugin"
+# The optional device-health stream (dra-health/v1): listed too, the kubelet opens it.
+DRA_HEALTH_SERVICE_V1: Final = "v1.DRAResourceHealth"
+# What the kubelet assumes when a report names no timeout: an entry not refreshed within it
+# reads Unknown (v1.37.2 pkg/kubelet/cm/dra/healthinfo.go DefaultHealthTimeout).
+DRA_HEALTH_DEFAULT_TIMEOUT_S: Final = 30
 # Where the kubelet's plugin watcher looks for registration sockets, and where drivers keep
 # their service sockets by convention, below the kubelet's --root-dir.
 PLUGINS_REGISTRY_DIR: Final = "/var/lib/kubelet/plugins_registry"

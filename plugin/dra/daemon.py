@@ -27,12 +27,15 @@ from grpc_health.v1 import health_pb2_grpc
 
 from plugin import logs, shutdown
 from plugin.api import dra_pb2_grpc as dra_grpc
+from plugin.api import drahealth_pb2_grpc as drahealth_grpc
 from plugin.api import pluginregistration_pb2_grpc as reg_grpc
+from plugin.api.dra_wire import DRA_HEALTH_SERVICE_V1, DRA_SERVICE_V1
 from plugin.api.names import DRA_SOCKET
 from plugin.config import Config, DraConfig
 from plugin.dra.allocation import ClaimError
 from plugin.dra.claim_specs import ClaimSpecs
 from plugin.dra.claims import ClaimStore
+from plugin.dra.health_stream import DeviceHealthServicer
 from plugin.dra.kubeapi import ApiAccess, ApiError, KubeApi
 from plugin.dra.service import DraServicer, RegistrationServicer
 from plugin.dra.slice import SliceFacts, resource_slice
@@ -151,7 +154,9 @@ async def run_dra(cfg: Config, listener: socket.socket | None, worker: ProbeWork
         return [] if health.device.ok else [health.device.reason]
 
     endpoint = dra.plugin_dir / DRA_SOCKET
-    reg = RegistrationServicer(dra.driver_name, str(endpoint))
+    reg = RegistrationServicer(
+        dra.driver_name, str(endpoint), (DRA_SERVICE_V1, DRA_HEALTH_SERVICE_V1)
+    )
     servicer = DraServicer(dra.driver_name, store, specs, ClaimReader(api), verify)
     facts = SliceFacts(dra.driver_name, dra.node_name, cfg.device_name, None, cfg.slots)
     publisher = SlicePublisher(api, facts, health, reg)
@@ -166,6 +171,10 @@ async def run_dra(cfg: Config, listener: socket.socket | None, worker: ProbeWork
     dra_grpc.add_DRAPluginServicer_to_server(servicer, server)
     # gRPC Health on the endpoint: the exec probes (`hv-device-plugin probe ... --mode dra`)
     health_pb2_grpc.add_HealthServicer_to_server(GrpcHealth(health), server)
+    # the device's health for the pods holding it (allocatedResourcesStatus)
+    device_health = DeviceHealthServicer(dra.node_name, cfg.device_name, health,
+                                         min(cfg.recheck_interval_s, 10.0))  # fmt: skip
+    drahealth_grpc.add_DRAResourceHealthServicer_to_server(device_health, server)
     reg_server = grpc.aio.server()
     reg_grpc.add_RegistrationServicer_to_server(reg, reg_server)
     reg_sock = registration_socket(dra)

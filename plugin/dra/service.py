@@ -36,8 +36,10 @@ MAX_CLAIMS = 256  # one pod's claims; the kubelet batches per pod
 
 
 class RegistrationServicer(reg_grpc.RegistrationServicer):
-    def __init__(self, driver: str, endpoint: str) -> None:
-        self.driver, self.endpoint = driver, endpoint
+    def __init__(
+        self, driver: str, endpoint: str, services: tuple[str, ...] = (DRA_SERVICE_V1,)
+    ) -> None:
+        self.driver, self.endpoint, self.services = driver, endpoint, services
         self.registered: bool | None = None  # the kubelet's last word, None before it spoke
         self.error = ""
         self.changed = asyncio.Event()
@@ -51,7 +53,7 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
             type=PLUGIN_TYPE_DRA,
             name=self.driver,
             endpoint=self.endpoint,
-            supported_versions=[DRA_SERVICE_V1],
+            supported_versions=list(self.services),
         )
 
     async def NotifyRegistrationStatus(

@@ -26,6 +26,8 @@ import pytest
 
 from plugin.api import dra_pb2 as dra
 from plugin.api import dra_pb2_grpc as dra_grpc
+from plugin.api import drahealth_pb2 as hp
+from plugin.api import drahealth_pb2_grpc as hp_grpc
 from plugin.api import pluginregistration_pb2 as reg
 from plugin.api import pluginregistration_pb2_grpc as reg_grpc
 from plugin.api.names import DRA_DRIVER
@@ -110,6 +112,7 @@ def test_sockets_answers_and_stop(root: Path) -> None:
             stub = reg_grpc.RegistrationStub(channel)
             info = stub.GetInfo(reg.InfoRequest(), timeout=10)
             assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRA_DRIVER, str(endpoint))
+            assert list(info.supported_versions) == ["v1.DRAPlugin", "v1.DRAResourceHealth"]
             stub.NotifyRegistrationStatus(
                 reg.RegistrationStatus(plugin_registered=True), timeout=10
             )
@@ -122,6 +125,14 @@ def test_sockets_answers_and_stop(root: Path) -> None:
                 timeout=30,
             )
         assert answer.claims[uid].error and not answer.claims[uid].devices
+        with grpc.insecure_channel(f"unix:{info.endpoint}") as channel:
+            stream = hp_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                hp.NodeWatchResourcesRequest(), timeout=30
+            )
+            first = next(iter(stream)).devices[0]
+            stream.cancel()
+        assert (first.device.pool_name, first.device.device_name) == ("node-a", "kvm")
+        assert first.health == hp.HEALTHY and first.health_check_timeout_seconds >= 30
         assert list((root / "cdi").iterdir()) == []
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -16,7 +16,7 @@ def test_committed_stubs_match_proto(tmp_path: Path) -> None:
     from tools.gen_protos import generate
 
     generate(tmp_path)
-    stems = ("deviceplugin", "dra", "pluginregistration")
+    stems = ("deviceplugin", "dra", "drahealth", "pluginregistration")
     for name in (f"{s}{suffix}" for s in stems for suffix in SUFFIXES):
         fresh = (tmp_path / "plugin" / "api" / name).read_bytes()
         assert fresh == (ROOT / "plugin" / "api" / name).read_bytes(), f"{name} is stale"
@@ -74,3 +74,16 @@ def test_dra_and_registration_paths_are_the_kubelet_wire_contract() -> None:
     assert claim == {"namespace": 1, "uid": 2, "name": 3}
     info = {f.name: f.number for f in pluginregistration_pb2.PluginInfo.DESCRIPTOR.fields}
     assert info == {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4}
+
+
+def test_dra_health_path_is_the_kubelet_wire_contract() -> None:
+    from plugin.api import drahealth_pb2
+    from plugin.api.dra_wire import DRA_HEALTH_SERVICE_V1
+
+    (service,) = drahealth_pb2.DESCRIPTOR.services_by_name.values()
+    assert service.full_name == DRA_HEALTH_SERVICE_V1 == "v1.DRAResourceHealth"
+    assert [m.name for m in service.methods] == ["NodeWatchResources"]
+    fields = {f.name: f.number for f in drahealth_pb2.DeviceHealth.DESCRIPTOR.fields}
+    assert fields == {"device": 1, "health": 2, "last_updated_time": 3,
+                      "health_check_timeout_seconds": 4, "message": 5}  # fmt: skip
+    assert dict(drahealth_pb2.HealthStatus.items()) == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
