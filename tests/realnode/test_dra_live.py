@@ -151,6 +151,15 @@ def test_a_pod_asking_for_the_extended_resource_runs_a_guest_through_dra(
     assert started is not None
     claims = started["status"].get("extendedResourceClaimStatus") or {}
     assert claims.get("resourceClaimName"), started["status"]
+
+    def device_health() -> list[str]:
+        pod = _pod(api, name) or {}
+        statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+        return [r.get("health", "") for entry in statuses[0].get("allocatedResourcesStatus") or []
+                for r in entry.get("resources") or []]  # fmt: skip
+
+    # the driver's health stream (dra-health v1) in the pod's status (ResourceHealthStatus)
+    wait_for(lambda: device_health() == ["Healthy"], LIVE_S, "allocatedResourcesStatus Healthy")
     # a kubelet restart with the claim prepared: the pod keeps running, the slice comes back
     kubelet = procs.recorded("kubelet")
     assert kubelet is not None
