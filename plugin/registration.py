@@ -245,8 +245,17 @@ class Registrar:
                 warn("register_failed", attempt=attempt, error=last, socket=str(self._socket))
                 self._health.set_registered(False, f"attempt {attempt} failed: {last}")
                 # Full jitter: many plugins restarting with one kubelet must not stampede it.
-                await self._wait_kick(random.uniform(backoff / 2, backoff))  # noqa: S311 - jitter, not crypto
-                backoff = min(backoff * 2, self._cfg.register_backoff_max_s)
+                kicked = await self._wait_kick(random.uniform(backoff / 2, backoff))  # noqa: S311 - jitter, not crypto
+                # A kick is news (kubelet.sock made, the dir changed): the backoff starts over.
+                # kubelet.sock's creation event fires at bind(2), before the kubelet's
+                # listen(2): an attempt it triggers may be refused, and the backoff grown by
+                # the attempts the cleanup's events triggered just before left a real kubelet
+                # v1.37.2 restart unanswered for 3.6 s.
+                backoff = (
+                    self._cfg.register_backoff_initial_s
+                    if kicked
+                    else min(backoff * 2, self._cfg.register_backoff_max_s)
+                )
                 continue
             self.registrations += 1
             self._registered_tag = self._server_tag  # the server that is serving: the current one
