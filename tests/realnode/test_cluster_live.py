@@ -27,15 +27,13 @@ USES_NODE_STACK = True  # conftest: one node stack at a time on this machine
 NOT_APPLICABLE = {
     "atomic-replacement",
     "optional-rpcs",
-    # issue 26 on the pod route: the kubelet's pod-resources socket is not reachable from here
-    # through the diagnostic pod (no CAP_PODS: these two and node-reboot need it) ...
-    "workloads-survive-kubelet-restart",
-    "health-in-pod-status",
-    # ... node-reboot also needs --allow-node-reboot on a cluster the run did not create ...
+    # issue 26 without --allow-node-reboot: a cluster the run did not create is not rebooted
+    # (and through the diagnostic pod, an exec the reboot would cut, not even with it) ...
     "node-reboot",
     # ... and the manifests applied unchanged give the plugin the node's real /dev.
     "device-late",
-}  # stream-lost runs (ss and perl on the node): the kubelet's connection is shut down
+}  # workloads-survive-kubelet-restart, health-in-pod-status (pod-resources read by the diag
+# image's python3) and stream-lost (ss and perl on the node) run
 
 
 def _kvm() -> tuple[int, int, int, int]:

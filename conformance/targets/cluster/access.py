@@ -183,6 +183,16 @@ class PodExecAccess:
     def wrap(self, argv: list[str]) -> str:
         return pod_exec_text(self.pod, argv)
 
+    def run_in_pod(self, argv: list[str], timeout: float = 60) -> ExecResult:
+        """argv in the diagnostic container itself (its image's tools; hostPID: the node's
+        files are under /proc/1/root)."""
+        try:
+            return self.api.exec(self.namespace, self.pod, argv, timeout=timeout)
+        except TimeoutError:
+            raise
+        except Exception as exc:  # the exec rides on the kubelet: down while it restarts
+            raise NodeAccessError(f"exec in {self.where}: {type(exc).__name__}: {exc}") from exc
+
 
 class DirectAccess:
     """The node is this machine: its kubelet runs here (`--hostname-override` names the node).

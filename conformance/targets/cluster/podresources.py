@@ -19,10 +19,14 @@ says which pods hold devices across restarts.
 
 from __future__ import annotations
 
+import base64
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
+
+from conformance.targets.cluster.kube import ExecResult
 
 SOCKET = "pod-resources/kubelet.sock"
 CHECKPOINT = "device-plugins/kubelet_internal_checkpoint"
@@ -112,6 +116,80 @@ class PodResourcesClient:
             ids = tuple(sorted(i for c in _messages(pod, 3) for i in _devices(c, 2, self.resource)))
             out.append(ListedPod(ns, name, ids))
         return out
+
+
+# One unary gRPC call over HTTP/2 with the standard library only, run on the node by its own
+# python3 when this machine cannot reach the socket (node access through a diagnostic pod): the
+# client preface and SETTINGS (large windows: GetAllocatableResources lists every device), the
+# request HEADERS (HPACK literals, no table) and the empty message, then the response's DATA until
+# END_STREAM; prints "OK <base64 message>", or exits non-zero saying why (Python 3.6+).
+H2_CALL = r"""
+import base64, socket, struct, sys
+path, method = sys.argv[1], sys.argv[2]
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(5)
+s.connect(path)
+def frame(kind, flags, sid, payload=b""):
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", sid) + payload
+def lit(name, value):
+    name, value = name.encode(), value.encode()
+    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+headers = b"".join(lit(k, v) for k, v in (
+    (":method", "POST"), (":scheme", "http"), (":path", "/v1.PodResourcesLister/" + method),
+    (":authority", "localhost"), ("content-type", "application/grpc"), ("te", "trailers")))
+s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, struct.pack(">HI", 4, 1 << 30))
+          + frame(8, 0, 0, struct.pack(">I", 1 << 30)) + frame(1, 4, 1, headers)
+          + frame(0, 1, 1, b"\x00\x00\x00\x00\x00"))
+buf, data, seen = b"", b"", False
+def read(n):
+    global buf
+    while len(buf) < n:
+        chunk = s.recv(65536)
+        if not chunk:
+            sys.exit("connection closed by the kubelet")
+        buf += chunk
+    out, buf = buf[:n], buf[n:]
+    return out
+while True:
+    head = read(9)
+    kind, flags = head[3], head[4]
+    sid = int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
+    payload = read(int.from_bytes(head[:3], "big"))
+    if kind == 4 and not flags & 1:
+        s.sendall(frame(4, 1, 0))
+    elif kind == 7:
+        sys.exit("GOAWAY from the kubelet")
+    elif kind == 3 and sid == 1:
+        sys.exit("stream reset by the kubelet")
+    elif kind == 0 and sid == 1:
+        pad = payload[0] if flags & 8 else 0
+        data += payload[1 if flags & 8 else 0:len(payload) - pad]
+        seen = True
+    if sid == 1 and flags & 1 and kind in (0, 1):
+        break
+if not seen:
+    sys.exit("no message: the call failed (grpc-status in the trailers)")
+print("OK " + base64.b64encode(data[5:]).decode())
+"""
+
+
+class NodePodResources(PodResourcesClient):
+    """The same calls made where `run` runs argv (the node, or the diagnostic pod), by H2_CALL
+    under that side's python3."""
+
+    def __init__(self, run: Callable[[list[str]], ExecResult], socket: str, resource: str) -> None:
+        super().__init__(socket, resource)
+        self.run = run
+
+    def _call(self, method: str) -> bytes:
+        result = self.run(["python3", "-c", H2_CALL, self.socket, method])
+        head, _, body = result.stdout.decode().strip().partition(" ")
+        if result.rc != 0 or head != "OK":
+            raise RuntimeError(
+                f"pod-resources {method} on the node: "
+                f"{result.stderr.decode(errors='replace').strip()[-300:] or 'no answer'}"
+            )
+        return base64.b64decode(body)
 
 
 def checkpoint_pods(data: bytes | None, resource: str) -> set[str]:

@@ -23,7 +23,7 @@ from conformance.targets.cluster.access import NodeAccess, NodeFiles
 from conformance.targets.cluster.guests import container_id, running
 from conformance.targets.cluster.kube import KubeApi, Obj
 from conformance.targets.cluster.plan import ClusterOptions
-from conformance.targets.cluster.podresources import SOCKET, PodResourcesClient
+from conformance.targets.cluster.podresources import SOCKET, NodePodResources, PodResourcesClient
 from conformance.targets.cluster.workloads import Layout, workload_pod
 
 OWNER_LABEL = "hvconform/owner"  # the controller's name the scenario gave ("": a bare pod)
@@ -84,6 +84,7 @@ class ClusterPods:
     _serial: int
     _poll: float
     _podres: PodResourcesClient | None = None
+    _podres_local: bool = False  # read from this machine: cheap enough to sample and poll
     _events: list[NodeEvent]
     _node_down: bool = False
     _started_pods: bool = False  # start_pod was called: delete_workloads has work to do
@@ -118,7 +119,7 @@ class ClusterPods:
         """The kubelet's own count (pod-resources GetAllocatableResources) where it can be
         read: the Node status the API server holds lags it by up to the 10 s status period,
         long enough for a plugin's unhealthy minute to look healthy."""
-        if self._podres is not None:
+        if self._podres is not None and self._podres_local:
             # the kubelet restarting: the API's last word meanwhile
             with contextlib.suppress(Exception):
                 return len(self._podres.allocatable())
@@ -127,21 +128,34 @@ class ClusterPods:
     # -- the pod-resources API ------------------------------------------------------------
 
     def podresources_reason(self) -> str:
-        """'' when the kubelet's pod-resources socket answers from here, else why not."""
+        """'' when the kubelet's pod-resources socket answers, else why not. From this machine
+        when it reaches the node's files (docker exec, direct); else by python3 on the node,
+        or in the diagnostic pod (its image's), over node access."""
+        socket = f"{self.kubelet_root}/{SOCKET}"
         local = getattr(self.access, "local_path", None)
-        path = local(f"{self.kubelet_root}/{SOCKET}") if local is not None else None
-        if path is None:
-            return (
-                f"the kubelet's pod-resources socket is not reachable from this machine through "
-                f"{self.access.where} (node access by docker exec or direct only)"
-            )
-        client = PodResourcesClient(path, self.resource)
-        try:
-            client.allocatable()
-        except Exception as exc:  # grpc.RpcError, or a path longer than a unix socket's
-            return f"the kubelet's pod-resources API at {path} did not answer: {exc}"
-        self._podres = client
-        return ""
+        path = local(socket) if local is not None else None
+        clients: list[PodResourcesClient] = []
+        if path is not None:
+            clients.append(PodResourcesClient(path, self.resource))
+        else:
+            clients.append(NodePodResources(self.access.run, socket, self.resource))
+            in_pod = getattr(self.access, "run_in_pod", None)
+            if in_pod is not None:
+                clients.append(NodePodResources(in_pod, f"/proc/1/root{socket}", self.resource))
+        errors = []
+        for client in clients:
+            try:
+                client.allocatable()
+            except Exception as exc:  # grpc.RpcError, NodeAccessError, no python3 there
+                errors.append(str(exc)[:200])
+                continue
+            self._podres = client
+            self._podres_local = path is not None
+            return ""
+        return (
+            f"the kubelet's pod-resources API at {socket} did not answer through "
+            f"{self.access.where} ({'; '.join(errors)})"
+        )
 
     def _client(self) -> PodResourcesClient:
         assert self._podres is not None, "pod-resources API not reachable (CAP_PODS undeclared)"

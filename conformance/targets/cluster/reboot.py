@@ -145,6 +145,7 @@ class ClusterNodeFaults:
     node_name: str
     capability_notes: dict[str, str]
     _podres: PodResourcesClient | None
+    _podres_local: bool
 
     if TYPE_CHECKING:  # ClusterPods' and ClusterNode's (a stub here would shadow them)
 
@@ -165,7 +166,8 @@ class ClusterNodeFaults:
         else:
             caps.add(CAP_PODS)
             assert self._podres is not None
-            self.start_sampler(self._podres)
+            if self._podres_local:  # an exec every 0.1 s through the API server: not here
+                self.start_sampler(self._podres)
         minor = _kubelet_minor(self.api.get("v1", "Node", self.node_name) or {})
         if not pods and minor >= RESOURCE_HEALTH_BETA:
             caps.add(CAP_POD_DEVICE_HEALTH)
