@@ -27,7 +27,8 @@ from conformance.targets.cluster.access import (
     DockerExecAccess,
     PodExecAccess,
 )
-from conformance.targets.cluster.podresources import _devices, checkpoint_pods
+from conformance.targets.cluster.kube import ExecResult
+from conformance.targets.cluster.podresources import NodePodResources, _devices, checkpoint_pods
 from conformance.targets.cluster.reboot import KUBELET_FDS, AllocatableSampler, ClusterNodeFaults
 from tests.targets.conftest import RUN_ID
 from tests.targets.test_cluster_target import KUBECONFIG, options
@@ -175,3 +176,52 @@ def test_the_sampler_records_each_change_of_the_kubelets_count() -> None:
     assert counts == [2, 0, 2]
     times = [t for t, _ in sampler.changes]
     assert times == sorted(times)
+
+
+def test_the_stdlib_grpc_call_reads_what_a_grpc_server_answers(tmp_path: Path) -> None:
+    """H2_CALL (what the node or the diagnostic pod runs when this machine cannot reach the
+    kubelet's socket) against a real gRPC server: the answer's bytes, exactly; a method the
+    server refuses is an error, never an empty answer."""
+    from concurrent import futures
+
+    import grpc
+
+    ours = _ld(1, RESOURCE.encode()) + b"".join(
+        _ld(2, f"dev-{i:04d}".encode()) for i in range(8000)
+    )
+    answer = b"\x0a" + _varint_bytes(len(ours)) + ours  # field 1, length-delimited
+
+    def handler(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return answer
+
+    rpc = grpc.unary_unary_rpc_method_handler(
+        handler, request_deserializer=lambda b: b, response_serializer=lambda b: b
+    )
+    service = grpc.method_handlers_generic_handler(
+        "v1.PodResourcesLister", {"GetAllocatableResources": rpc}
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[service])
+    sock = tmp_path / "kubelet.sock"
+    server.add_insecure_port(f"unix://{sock}")
+    server.start()
+    try:
+
+        def run(argv: list[str]) -> ExecResult:
+            proc = subprocess.run([sys.executable, *argv[1:]], capture_output=True, timeout=30)
+            return ExecResult(proc.returncode, proc.stdout, proc.stderr)
+
+        client = NodePodResources(run, str(sock), RESOURCE)
+        assert client.allocatable() == tuple(f"dev-{i:04d}" for i in range(8000))
+        with pytest.raises(RuntimeError, match="List on the node"):
+            client.pods()
+    finally:
+        server.stop(None)
+
+
+def _varint_bytes(n: int) -> bytes:
+    out = b""
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out += bytes([low | (0x80 if n else 0)])
+        if not n:
+            return out
