@@ -25,10 +25,10 @@ from conformance.targets.cluster.kube import KubeApi, Obj
 from conformance.targets.cluster.plan import ClusterOptions
 from conformance.targets.cluster.podresources import SOCKET, NodePodResources, PodResourcesClient
 from conformance.targets.cluster.workloads import Layout, workload_pod
+from plugin.api.wire import HEALTHY  # the pod status's word too (core/v1 ResourceHealth)
 
 OWNER_LABEL = "hvconform/owner"  # the controller's name the scenario gave ("": a bare pod)
 WORKLOAD_LABEL = "hvconform/workload"  # the object to delete: the pod's own, or its ReplicaSet's
-HEALTHY = "Healthy"
 
 
 def pod_view(pod: Obj) -> PodView:
