@@ -230,7 +230,7 @@ def test_group_lookup_from_stdin(
 
 @pytest.mark.parametrize("entry", ["conformance.metadata.cli", "conformance.cli"])
 def test_cli_as_a_process(entry: str, tmp_path: Path) -> None:
-    """`python -m`: conformance.cli needs the lead's `register` line in cli._subcommands()."""
+    """`python -m`: conformance.cli needs the lead's `register` line in cli_parser._subcommands()."""
     case = CASES["startup-mode-changed"]
     argv = [sys.executable, "-m", entry, *cli_argv(case, tmp_path)]
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=60)

@@ -1,0 +1,176 @@
+"""hvconform's command line: every subcommand's options and help, in one place.
+
+`run` is defined here with its runner passed in (conformance.cli.cmd_run); each other subcommand
+lives in its own module and adds itself (see `_subcommands`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+
+from conformance import cli_inputs as inputs
+from conformance.contract.cluster_options import ClusterOptions
+from conformance.scenarios import CATALOGUE, CLEANUP
+from conformance.targets import RUNTIMES, TARGETS
+from plugin.api.names import default_guest_image
+
+
+def build_parser(cmd_run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    """hvconform's parser; `cmd_run` runs `hvconform run` (conformance.cli)."""
+    checks = "\n".join(f"  {c.id:<22} -m {c.marker:<13} {c.title}" for c in (*CATALOGUE, CLEANUP))
+    parser: argparse.ArgumentParser = inputs.OneLineParser(
+        prog="hvconform",
+        description="Conformance suite for Kubernetes hypervisor device plugins (v1beta1).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"checks:\n{checks}\n\nexamples:\n  hvconform run\n  hvconform run -m cdi -n 2\n"
+        "  hvconform run --plugin-cmd 'python -m my_plugin --flag'\n",
+    )
+    parser.add_argument("--version", action=inputs.VersionAction)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for register in _subcommands():
+        register(sub)
+    run = sub.add_parser(
+        "run",
+        help="run the suite; exit 1 when any check failed",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    run.add_argument(
+        "--target",
+        choices=tuple(TARGETS),
+        default="local",
+        help="; ".join(f"{name}: {t.about}" for name, t in TARGETS.items()),
+    )
+    run.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default=RUNTIMES[0],
+        help="local target: plugin and workloads as sandboxed processes, or as "
+        "containers (the plugin image under Docker, workloads under podman via CDI)",
+    )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="kind/aks: print the complete plan and exit; executes nothing",
+    )
+    run.add_argument(
+        "--image",
+        default=os.environ.get("HV_IMAGE", ""),
+        help="container runtime, kind, aks, cluster: override the profile's deploy.image "
+        "(a fixed tag, never :latest, or a digest) [HV_IMAGE]",
+    )
+    run.add_argument(
+        "--guest-image",
+        default=os.environ.get("HV_GUEST_IMAGE") or default_guest_image(),
+        help="kind/aks/cluster: the suite's workload image (python -m conformance.guest; "
+        "`nox -s image` builds it), never the plugin's [HV_GUEST_IMAGE]",
+    )
+    run.add_argument("--cluster-name", default="hvconform", help="kind: cluster name")
+    run.add_argument(
+        "--node-image",
+        default=os.environ.get("HV_KIND_NODE_IMAGE") or ClusterOptions.node_image,
+        help="kind: node image (`nox -s kind-image` builds one offline, hv-kind.local/node:TAG, "
+        "and the kind engine names it when it holds it) [HV_KIND_NODE_IMAGE]",
+    )
+    run.add_argument("--kind-config", default=ClusterOptions.kind_config, help="kind: config")
+    run.add_argument(
+        "--keep-cluster",
+        action="store_true",
+        help="kind: keep the cluster (plugin objects are still deleted)",
+    )
+    run.add_argument(
+        "--existing-cluster",
+        action="store_true",
+        help="kind: use the cluster --cluster-name made by the caller; never delete it",
+    )
+    run.add_argument("--kubeconfig", default="", help="cluster: the existing cluster's kubeconfig")
+    run.add_argument("--context", default="", help="cluster: kubeconfig context (default: current)")
+    run.add_argument(
+        "--node", action="append", default=[], dest="nodes", help="cluster: a node to certify"
+    )
+    run.add_argument("--all-nodes", action="store_true", help="cluster: every KVM-labelled node")
+    run.add_argument(
+        "--node-access",
+        choices=("pod", "direct"),
+        default="pod",
+        help="cluster: through a privileged diagnostic pod (as on AKS), or directly (the node "
+        "runs on this machine)",
+    )
+    run.add_argument(
+        "--allow-node-reboot",
+        action="store_true",
+        help="cluster: let the node-reboot check reboot the nodes named (it stops their kubelet "
+        "and removes EVERY pod sandbox there, other workloads too); without it node-reboot is "
+        "not_applicable there. kind and aks nodes the run creates are always rebooted",
+    )
+    run.add_argument(
+        "--diag-image", default="", help="cluster/aks: diagnostic pod image (needs nsenter)"
+    )
+    run.add_argument("--resource-group", default="", help="aks: resource group (required)")
+    run.add_argument("--cluster", default="", help="aks: existing cluster (required)")
+    run.add_argument(
+        "--hypervisor",
+        choices=("kvm", "mshv"),
+        default="kvm",
+        help="aks: which pool; KVM and MSHV are never mixed in one run",
+    )
+    run.add_argument("--vm-size", default="Standard_D4ads_v5", help="aks: pool VM size")
+    run.add_argument(
+        "-m",
+        dest="markexpr",
+        default="",
+        help="pytest marker expression choosing checks (e.g. 'cdi or identity')",
+    )
+    run.add_argument("--out", default="", help="results dir (default reports/<run-id>)")
+    run.add_argument(
+        "--plugin-profile",
+        default=os.environ.get("HV_PLUGIN_PROFILE", ""),
+        metavar="FILE",
+        help="YAML profile of the plugin under test: command (run as is), env, paths, "
+        "readiness/liveness probes; see README 'Testing your own plugin' [HV_PLUGIN_PROFILE] "
+        "(default: this repository's shipped profile)",
+    )
+    run.add_argument(
+        "--plugin-cmd",
+        default=os.environ.get("HV_PLUGIN_CMD", ""),
+        help="shortcut for a plugin with this repository's flags: the standard paths are "
+        "passed as --device-plugin-dir/--cdi-dir/--host-dev-dir/--health-addr [HV_PLUGIN_CMD]",
+    )
+    run.add_argument(
+        "-n",
+        dest="workers",
+        default="0",
+        help="pytest-xdist workers ('auto' or a number; 0 = serial)",
+    )
+    run.add_argument(
+        "--recovery-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a plugin may take to detect a fault or recover from it",
+    )
+    run.add_argument("--reports-root", default="reports", help="where reports/<run-id> live")
+    run.add_argument("pytest_args", nargs="*", help="extra pytest arguments after --")
+    run.set_defaults(func=cmd_run)
+    return parser
+
+
+Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+
+def _subcommands() -> list[Register]:
+    """Each further subcommand lives in its own module and adds itself (func = its runner)."""
+    from conformance.bench.cli import register as bench_register
+    from conformance.manifests.cli import register as manifests_register
+    from conformance.metadata.cli import register as metadata_register
+    from conformance.report.cli import register as report_register
+    from conformance.report.compare import register as compare_register
+
+    registers: list[Register] = [
+        manifests_register,
+        metadata_register,
+        report_register,
+        compare_register,
+        bench_register,
+    ]
+    return registers
