@@ -220,6 +220,7 @@ def kind_live(session: nox.Session) -> None:
                   "crictl", "pause", "cni")  # fmt: skip
     session.run("python", "-m", "conformance.targets.realnode.build", *components)
     session.run("python", "-m", "conformance.targets.kindnode.image")
+    _helm(session)  # the plugin's objects are its profile's chart, rendered (a fresh venv: none)
     _pytest(
         session, "tests/kindnode/test_kind_live.py", *session.posargs, env={"HV_KIND_LIVE": "1"}
     )
