@@ -10,7 +10,10 @@ stays (its device-manager checkpoint), as does the API's record of the pods. At 
 starts first, and the plugin as this target starts it, once the kubelet's registration socket
 is there (as its DaemonSet pod comes back through the kubelet); the device may come back before
 it is usable (a module still loading): /dev/null's node is then where the plugin looks, as
-`remap_device_unusable(True)` makes it, and undone the same way.
+`remap_device_unusable(True)` makes it, and undone the same way. Measured here: the first pod
+the kubelet refuses after its start reaches the API about 9.4 s later (later ones within 0.1 s;
+the status manager's 10 s periodic sync publishes it), so node-reboot's requests during the
+unusable window are few on this target, and it needs a --recovery-timeout above 10 s.
 
 The kubelet ends a plugin's stream by itself only on a broken connection (v1.37.2 client.go
 `Run`: any Recv error returns; handler.go `runClient` then disconnects the endpoint, manager.go
