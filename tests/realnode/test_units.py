@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from conformance.contract.podresources import devices as _devices
+from conformance.contract.podresources import fields
 from conformance.targets.realnode import KUBERNETES_VERSION, REPO, STAGING_VERSION
 from conformance.targets.realnode.build import render_build_module
 from conformance.targets.realnode.configs import containerd_config, kubelet_config
 from conformance.targets.realnode.image import image_archive
-from conformance.targets.realnode.kubeapi import _devices, fields, quantity
+from conformance.targets.realnode.kubeapi import quantity
 from conformance.targets.realnode.pki import kubeconfig, make_pki
 
 RELEASE_GO_MOD = """module k8s.io/kubernetes

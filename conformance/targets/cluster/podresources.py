@@ -4,13 +4,7 @@ The pod-resources gRPC service (`/v1.PodResourcesLister`, k8s.io/kubelet pkg/api
 listens on `<kubelet root>/pod-resources/kubelet.sock` on the node. This machine reaches it
 through the node access's view of the node's file system (`local_path`: /proc/<pid>/root of a
 kind node container, or of the node's init for a node on this machine), so the answers are the
-kubelet's own, decoded here with a small protobuf reader (no generated stubs for one service):
-
-  AllocatableResourcesResponse { repeated ContainerDevices devices = 1; ... }
-  ListPodResourcesResponse { repeated PodResources pod_resources = 1 }
-  PodResources { string name = 1; string namespace = 2; repeated ContainerResources containers = 3 }
-  ContainerResources { string name = 1; repeated ContainerDevices devices = 2; ... }
-  ContainerDevices { string resource_name = 1; repeated string device_ids = 2; ... }
+kubelet's own, decoded by conformance.contract.podresources (the wire facts are there).
 
 The device manager's checkpoint (`<kubelet root>/device-plugins/kubelet_internal_checkpoint`,
 pkg/kubelet/cm/devicemanager/checkpoint: JSON `Data.PodDeviceEntries[].PodUID/ResourceName`)
@@ -24,8 +18,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import grpc
-
+from conformance.contract.podresources import SERVICE_PATH, call, devices, listed_pods
 from conformance.targets.cluster.kube import ExecResult
 
 SOCKET = "pod-resources/kubelet.sock"
@@ -33,52 +26,9 @@ CHECKPOINT = "device-plugins/kubelet_internal_checkpoint"
 CALL_TIMEOUT_S = 5.0
 
 
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    shift = value = 0
-    while True:
-        b = buf[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, i
-        shift += 7
-
-
-def fields(buf: bytes) -> list[tuple[int, int | bytes]]:
-    """(field number, value) pairs: varints as int, length-delimited as bytes."""
-    out: list[tuple[int, int | bytes]] = []
-    i = 0
-    while i < len(buf):
-        key, i = _varint(buf, i)
-        num, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _varint(buf, i)
-            out.append((num, value))
-        elif wire == 2:
-            size, i = _varint(buf, i)
-            out.append((num, buf[i : i + size]))
-            i += size
-        elif wire in (1, 5):
-            i += 8 if wire == 1 else 4
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-    return out
-
-
-def _strings(buf: bytes, num: int) -> list[str]:
-    return [v.decode() for n, v in fields(buf) if n == num and isinstance(v, bytes)]
-
-
-def _messages(buf: bytes, num: int) -> list[bytes]:
-    return [v for n, v in fields(buf) if n == num and isinstance(v, bytes)]
-
-
 def _devices(buf: bytes, num: int, resource: str) -> tuple[str, ...]:
-    ids: list[str] = []
-    for dev in _messages(buf, num):
-        if (_strings(dev, 1) or [""])[0] == resource:
-            ids += _strings(dev, 2)
-    return tuple(sorted(ids))
+    """One resource's device IDs among the ContainerDevices of field `num`, sorted."""
+    return tuple(sorted(devices(buf, num).get(resource, [])))
 
 
 @dataclass(frozen=True)
@@ -96,26 +46,17 @@ class PodResourcesClient:
         self.resource = resource
 
     def _call(self, method: str) -> bytes:
-        with grpc.insecure_channel(f"unix://{self.socket}") as channel:
-            call = channel.unary_unary(
-                f"/v1.PodResourcesLister/{method}",
-                request_serializer=lambda _: b"",
-                response_deserializer=lambda raw: raw,
-            )
-            result: bytes = call(b"", timeout=CALL_TIMEOUT_S)
-        return result
+        return call(self.socket, method, CALL_TIMEOUT_S)
 
     def allocatable(self) -> tuple[str, ...]:
         """The device IDs the kubelet considers allocatable (healthy) now."""
         return _devices(self._call("GetAllocatableResources"), 1, self.resource)
 
     def pods(self) -> list[ListedPod]:
-        out = []
-        for pod in _messages(self._call("List"), 1):
-            name, ns = (_strings(pod, 1) or [""])[0], (_strings(pod, 2) or [""])[0]
-            ids = tuple(sorted(i for c in _messages(pod, 3) for i in _devices(c, 2, self.resource)))
-            out.append(ListedPod(ns, name, ids))
-        return out
+        by_pod: dict[tuple[str, str], list[str]] = {}
+        for c in listed_pods(self._call("List")):  # per container: the pod's over all of them
+            by_pod.setdefault((c.namespace, c.name), []).extend(c.devices.get(self.resource, []))
+        return [ListedPod(ns, name, tuple(sorted(ids))) for (ns, name), ids in by_pod.items()]
 
 
 # One unary gRPC call over HTTP/2 with the standard library only, run on the node by its own
@@ -125,7 +66,7 @@ class PodResourcesClient:
 # END_STREAM; prints "OK <base64 message>", or exits non-zero saying why (Python 3.6+).
 H2_CALL = r"""
 import base64, socket, struct, sys
-path, method = sys.argv[1], sys.argv[2]
+path, method = sys.argv[1], sys.argv[2]  # method: the whole gRPC path
 s = socket.socket(socket.AF_UNIX)
 s.settimeout(5)
 s.connect(path)
@@ -135,7 +76,7 @@ def lit(name, value):
     name, value = name.encode(), value.encode()
     return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
 headers = b"".join(lit(k, v) for k, v in (
-    (":method", "POST"), (":scheme", "http"), (":path", "/v1.PodResourcesLister/" + method),
+    (":method", "POST"), (":scheme", "http"), (":path", method),
     (":authority", "localhost"), ("content-type", "application/grpc"), ("te", "trailers")))
 s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, struct.pack(">HI", 4, 1 << 30))
           + frame(8, 0, 0, struct.pack(">I", 1 << 30)) + frame(1, 4, 1, headers)
@@ -182,7 +123,7 @@ class NodePodResources(PodResourcesClient):
         self.run = run
 
     def _call(self, method: str) -> bytes:
-        result = self.run(["python3", "-c", H2_CALL, self.socket, method])
+        result = self.run(["python3", "-c", H2_CALL, self.socket, SERVICE_PATH + method])
         head, _, body = result.stdout.decode().strip().partition(" ")
         if result.rc != 0 or head != "OK":
             raise RuntimeError(

@@ -24,6 +24,7 @@ from conformance.targets.realnode import NODE_NAME, stack
 from conformance.targets.realnode.configs import NAMESPACE, workload_pod
 from conformance.targets.realnode.kubeapi import Api, ApiError
 from conformance.targets.realnode.kubeapi import PodResources as PodResourcesApi
+from plugin.api.wire import HEALTHY  # the pod status's word too (core/v1 ResourceHealth)
 
 POD_TIMEOUT_S = 60.0
 CHECK_LABEL = "hv-check-pod"  # the pods (and ReplicaSets) of CAP_PODS, removed between checks
@@ -218,5 +219,5 @@ class RealPods:
             for status in container.get("allocatedResourcesStatus") or []:
                 if status.get("name") == self.resource:
                     for res in status.get("resources") or []:
-                        health[res["resourceID"]] = res.get("health") == "Healthy"
+                        health[res["resourceID"]] = res.get("health") == HEALTHY
         return health
