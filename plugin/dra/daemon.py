@@ -130,7 +130,8 @@ async def _follow(health: HealthState, reg: RegistrationServicer, pub: SlicePubl
         for task in (changed, ticked):
             task.cancel()
         if changed.done() and not changed.cancelled():
-            health.set_registered(bool(reg.registered), reg.error or "refused by the kubelet")
+            ok = bool(reg.registered)
+            health.set_registered(ok, "" if ok else (reg.error or "refused by the kubelet"))
             pub.poke()
         if health.device.ok != seen_device:
             seen_device = health.device.ok
