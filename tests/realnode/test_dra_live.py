@@ -12,7 +12,10 @@ the scheduler's code does with it, nothing recorded:
   again; the driver answers the same), and the driver republishes the slice the restarted
   kubelet wiped (dra_plugin_manager.go wipeResourceSlices);
 - once the pod is gone the kubelet unprepares the claim and no CDI spec is left
-  (test/e2e_node/dra_test.go).
+  (test/e2e_node/dra_test.go);
+- a pod naming a ResourceClaim in resources.claims sees the driver's health stream (dra-health
+  v1) in its allocatedResourcesStatus; the extended-resource path gets none in v1.37.2 (the
+  kubelet skips containers without resources.claims: manager.go UpdateAllocatedResourcesStatus).
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,64 +120,113 @@ def _claim_specs() -> list[str]:
     return sorted(p.name for p in CDI_DIR.glob("hyperlight-claim-*.json"))
 
 
-def test_a_pod_asking_for_the_extended_resource_runs_a_guest_through_dra(
-    node: Api, driver: subprocess.Popen[bytes], tmp_path: Path
-) -> None:
-    api = node
+@pytest.fixture(scope="module")
+def device_class(node: Api, driver: subprocess.Popen[bytes]) -> Iterator[str]:
+    """The chart's own DeviceClass (mode: dra), and the driver's slice published."""
     (klass,) = [o for o in template({"mode": "dra"}) if o["kind"] == "DeviceClass"]
-    api.request("POST", f"{RESOURCE_API}/deviceclasses", klass)
-    wait_for(lambda: _slices(api), LIVE_S, "the driver's ResourceSlice after registration")
-    (published,) = _slices(api)
-    assert published["spec"]["nodeName"] == NODE_NAME
-    assert [d["name"] for d in published["spec"]["devices"]] == ["kvm"]
-    state = tmp_path / "state"
-    state.mkdir()
-    state.chmod(0o777)
-    name = f"hv-dra-{uuid.uuid4().hex[:6]}"
-    counter = ["/usr/bin/python3", "-m", "conformance.guest", "counter", "--device", "/dev/kvm",
-               "--state-file", "/state/c.json", "--interval", "0.05"]  # fmt: skip
-    api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", _dra_pod(name, counter, state))
+    node.request("POST", f"{RESOURCE_API}/deviceclasses", klass)
+    try:
+        wait_for(lambda: _slices(node), LIVE_S, "the driver's ResourceSlice after registration")
+        (published,) = _slices(node)
+        assert published["spec"]["nodeName"] == NODE_NAME
+        assert [d["name"] for d in published["spec"]["devices"]] == ["kvm"]
+        yield str(klass["metadata"]["name"])
+    finally:
+        node.request("DELETE", f"{RESOURCE_API}/deviceclasses/{klass['metadata']['name']}")
 
-    def counting() -> int:
-        pod = _pod(api, name)
-        phase = (pod or {}).get("status", {}).get("phase")
-        assert phase not in ("Failed", "Succeeded"), json.dumps((pod or {}).get("status"))[:1500]
+
+class Guest:
+    """A pod whose own command counts in a KVM guest on the /dev/kvm DRA gave it."""
+
+    def __init__(self, api: Api, state: Path, pod: dict[str, Any]) -> None:
+        self.api, self.state, self.name = api, state, pod["metadata"]["name"]
+        state.mkdir()
+        state.chmod(0o777)
+        api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
+
+    def pod(self) -> dict[str, Any] | None:
+        return _pod(self.api, self.name)
+
+    def counter(self) -> int:
+        phase = ((self.pod() or {}).get("status") or {}).get("phase")
+        assert phase not in ("Failed", "Succeeded"), json.dumps(self.pod())[:1500]
         try:
-            return int(json.loads((state / "c.json").read_text())["counter"])
+            return int(json.loads((self.state / "c.json").read_text())["counter"])
         except (OSError, ValueError, KeyError):
             return 0
 
-    wait_for(lambda: counting() > 2, LIVE_S, "the pod's KVM guest counting (DRA-injected /dev/kvm)")
-    assert len(_claim_specs()) == 1, "one CDI spec for the pod's one claim"
-    started = _pod(api, name)
-    assert started is not None
-    claims = started["status"].get("extendedResourceClaimStatus") or {}
-    assert claims.get("resourceClaimName"), started["status"]
+    def wait_counting(self, what: str) -> None:
+        seen = self.counter()
+        wait_for(
+            lambda: self.counter() > seen + 2, LIVE_S, f"the pod's KVM guest counting ({what})"
+        )
 
-    def device_health() -> list[str]:
-        pod = _pod(api, name) or {}
-        statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+    def health(self) -> list[str]:
+        statuses = ((self.pod() or {}).get("status") or {}).get("containerStatuses") or [{}]
         return [r.get("health", "") for entry in statuses[0].get("allocatedResourcesStatus") or []
                 for r in entry.get("resources") or []]  # fmt: skip
 
-    # the driver's health stream (dra-health v1) in the pod's status (ResourceHealthStatus)
-    wait_for(lambda: device_health() == ["Healthy"], LIVE_S, "allocatedResourcesStatus Healthy")
-    # a kubelet restart with the claim prepared: the pod keeps running, the slice comes back
+    def delete(self) -> None:
+        self.api.request(
+            "DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{self.name}?gracePeriodSeconds=0"
+        )
+        wait_for(lambda: self.pod() is None, LIVE_S, f"pod {self.name} deleted")
+
+
+COUNTER = ["/usr/bin/python3", "-m", "conformance.guest", "counter", "--device", "/dev/kvm",
+           "--state-file", "/state/c.json", "--interval", "0.05"]  # fmt: skip
+
+
+def test_the_extended_resource_through_dra_survives_a_kubelet_restart_and_leaves_nothing(
+    node: Api, driver: subprocess.Popen[bytes], device_class: str, tmp_path: Path
+) -> None:
+    """A pod spec unchanged from the device-plugin world (limits hyperlight.dev/hypervisor: 1)."""
+    api = node
+    name = f"hv-dra-{uuid.uuid4().hex[:6]}"
+    guest = Guest(api, tmp_path / "state", _dra_pod(name, COUNTER, tmp_path / "state"))
+    guest.wait_counting("DRA-injected /dev/kvm")
+    assert len(_claim_specs()) == 1, "one CDI spec for the pod's one claim"
+    started = guest.pod()
+    assert started is not None
+    assert (started["status"].get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    # v1.37.2 reports device health in pod status only for containers naming claims in
+    # resources.claims (manager.go UpdateAllocatedResourcesStatus): none for this path
+    assert guest.health() == []
     kubelet = procs.recorded("kubelet")
     assert kubelet is not None
     kubelet.stop(sig=signal.SIGTERM)
     stack.start_kubelet(api)
-    back = time.monotonic()
     wait_for(lambda: _slices(api), LIVE_S, "the slice republished after the kubelet restart")
-    seen = counting()
-    wait_for(lambda: counting() > seen + 2, LIVE_S, "the guest still counting after the restart")
-    now = _pod(api, name)
-    assert now is not None
-    assert now["status"]["containerStatuses"][0]["restartCount"] == 0
-    assert time.monotonic() - back < LIVE_S
-    # the pod goes: the claim is unprepared, its spec removed
-    api.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}?gracePeriodSeconds=0")
-    wait_for(lambda: _pod(api, name) is None, LIVE_S, "the pod deleted")
+    guest.wait_counting("after the kubelet restart, the claim prepared again")
+    now = guest.pod()
+    assert now is not None and now["status"]["containerStatuses"][0]["restartCount"] == 0
+    guest.delete()
     wait_for(lambda: not _claim_specs(), LIVE_S, "no CDI spec left after the claim's unprepare")
     assert driver.poll() is None, "the driver exited"
-    api.request("DELETE", f"{RESOURCE_API}/deviceclasses/{klass['metadata']['name']}")
+
+
+def test_a_claim_reports_the_devices_health_in_the_pod_status(
+    node: Api, driver: subprocess.Popen[bytes], device_class: str, tmp_path: Path
+) -> None:
+    """A ResourceClaim named by the container: the driver's health stream (dra-health v1) is
+    what the kubelet writes into allocatedResourcesStatus (ResourceHealthStatus, beta in v1.37)."""
+    api = node
+    claim_name = f"hv-claim-{uuid.uuid4().hex[:6]}"
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": claim_name, "namespace": NAMESPACE},
+             "spec": {"devices": {"requests": [{"name": "hv",
+                                                "exactly": {"deviceClassName": device_class}}]}}}  # fmt: skip
+    api.request("POST", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims", claim)
+    try:
+        pod = _dra_pod(f"hv-dra-{uuid.uuid4().hex[:6]}", COUNTER, tmp_path / "state")
+        container = pod["spec"]["containers"][0]
+        del container["resources"]
+        container["resources"] = {"claims": [{"name": "hv"}]}
+        pod["spec"]["resourceClaims"] = [{"name": "hv", "resourceClaimName": claim_name}]
+        guest = Guest(api, tmp_path / "state", pod)
+        guest.wait_counting("DRA-injected /dev/kvm, by a claim")
+        wait_for(lambda: guest.health() == ["Healthy"], LIVE_S, "allocatedResourcesStatus Healthy")
+        guest.delete()
+        wait_for(lambda: not _claim_specs(), LIVE_S, "no CDI spec left after the unprepare")
+    finally:
+        api.request("DELETE", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims/{claim_name}")
