@@ -38,6 +38,7 @@ from conformance.targets.realnode.configs import (
     containerd_config,
     kubelet_config,
 )
+from conformance.targets.realnode.hostclean import CGROUP_V1
 from conformance.targets.realnode.image import import_image
 from conformance.targets.realnode.kubeapi import Api, ApiError
 from conformance.targets.realnode.pki import _sign, kubeconfig
@@ -48,7 +49,6 @@ NODES_RUN = RUN / "nodes"
 NODES_STATE = STATE / "nodes"
 NODE_CDI = Path(CDI_DYNAMIC_DIR)  # where the manifests' plugin writes: one tmpfs per node
 HOST_MADE = RUN / "nodes-host-dirs"  # host dirs made as mount points, removed by node-down
-CGROUP_V1 = Path("/sys/fs/cgroup")
 CGROUP_PARENT = "hv-nodes"
 ADMIN_KUBECONFIG = RUN / "admin.kubeconfig"
 NODE_LABELS = f"{HYPERVISOR_RESOURCE}=kvm"  # what the KVM manifests' node affinity selects

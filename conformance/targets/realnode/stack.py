@@ -33,6 +33,7 @@ from conformance.targets.realnode import (
     NODE_NAME,
     RUN,
     STATE,
+    hostclean,
     nodes,
     procs,
 )
@@ -50,9 +51,6 @@ from conformance.targets.realnode.pki import kubeconfig, make_pki
 PLUGIN_HEALTH = "127.0.0.1:18080"
 LOG_DIRS = (Path("/var/log/pods"), Path("/var/log/containers"))
 ROOTS = (RUN, STATE, KUBELET_ROOT)
-CGROUP_V1 = Path("/sys/fs/cgroup")
-# Chains a kubelet makes when makeIPTablesUtilChains is on (the default); removed if ever seen.
-KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT")
 ORDER = ("plugin", "kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
 
 
@@ -262,20 +260,6 @@ def mounts_under(roots: tuple[Path, ...]) -> list[str]:
     return found
 
 
-def _kubepods_cgroups() -> list[Path]:
-    if not CGROUP_V1.is_dir():
-        return []
-    return [
-        p for c in CGROUP_V1.iterdir() for p in (c / "kubepods", c / "kubepods.slice") if p.is_dir()
-    ]
-
-
-def _rm_cgroup(path: Path) -> None:
-    for sub in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        sub.rmdir()
-    path.rmdir()
-
-
 def down() -> list[str]:
     """Stop and remove everything node-up made; returns what could not be removed."""
     nodes.stop_nodes()  # cluster-mode nodes first: each removes its own pods
@@ -299,67 +283,13 @@ def down() -> list[str]:
     for d in made:
         shutil.rmtree(d, ignore_errors=True)
     nodes.remove_host_leftovers()
-    problems = [why for root in ROOTS if (why := _remove_root(root))]
-    for cg in _kubepods_cgroups():
+    problems = [why for root in ROOTS if (why := hostclean.remove_root(root))]
+    for cg in hostclean.kubepods_cgroups():
         with contextlib.suppress(OSError):
-            _rm_cgroup(cg)
-    _remove_iptables_leftovers()
+            hostclean.rm_cgroup(cg)
+    hostclean.remove_iptables_leftovers()
     # with what stopped a root's removal (a CI run once saw "directory /var/lib/kubelet" only)
     return verify_down() + problems
-
-
-def _remove_root(root: Path) -> str:
-    """Remove one root; '' when gone, else what stood in the way (retried while it changes:
-    a process of the stack that was still exiting may have written there after the rmtree)."""
-    errors: list[str] = []
-
-    def removed() -> bool:
-        errors.clear()
-        shutil.rmtree(root, onerror=lambda _f, path, exc: errors.append(f"{path}: {exc[1]}"))
-        return not root.exists()
-
-    with contextlib.suppress(FileNotFoundError):
-        if removed():
-            return ""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        with contextlib.suppress(FileNotFoundError):
-            if removed():
-                return ""
-        time.sleep(0.2)  # pacing the retries of a removal, not a synchronisation
-    inside = sorted(str(p.relative_to(root)) for p in root.rglob("*"))[:5] if root.exists() else []
-    return f"directory {root} not removable: {'; '.join(errors[:3])}; holds {inside}"
-
-
-def _iptables_leftovers() -> list[tuple[str, str, str]]:
-    """(tool, table, chain) of kubelet chains present in iptables and ip6tables."""
-    found = []
-    for tool in ("iptables", "ip6tables"):
-        if shutil.which(f"{tool}-save") is None:
-            continue
-        table = ""
-        for line in subprocess.run(
-            [f"{tool}-save"], capture_output=True, text=True
-        ).stdout.splitlines():
-            if line.startswith("*"):
-                table = line[1:]
-            elif line.startswith(":") and line[1:].split()[0] in KUBELET_CHAINS:
-                found.append((tool, table, line[1:].split()[0]))
-    return found
-
-
-def _remove_iptables_leftovers() -> None:
-    for tool, table, chain in _iptables_leftovers():
-        for parent in ("INPUT", "OUTPUT", "FORWARD", "PREROUTING", "POSTROUTING"):
-            while (
-                subprocess.run(
-                    [tool, "-t", table, "-D", parent, "-j", chain], capture_output=True
-                ).returncode
-                == 0
-            ):
-                pass
-        subprocess.run([tool, "-t", table, "-F", chain], capture_output=True)
-        subprocess.run([tool, "-t", table, "-X", chain], capture_output=True)
 
 
 def verify_down() -> list[str]:
@@ -368,8 +298,10 @@ def verify_down() -> list[str]:
     left += [f"containerd shim {pid}" for pid in procs.pids_with_arg(str(CONTAINERD_SOCKET))]
     left += [f"mount {m}" for m in mounts_under(ROOTS)]
     left += [f"directory {r}" for r in ROOTS if r.exists()]
-    left += [f"cgroup {c}" for c in _kubepods_cgroups()]
-    left += [f"{tool} -t {table} chain {chain}" for tool, table, chain in _iptables_leftovers()]
+    left += [f"cgroup {c}" for c in hostclean.kubepods_cgroups()]
+    left += [
+        f"{tool} -t {table} chain {chain}" for tool, table, chain in hostclean.iptables_leftovers()
+    ]
     return left + nodes.leftovers()
 
 
