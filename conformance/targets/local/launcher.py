@@ -15,7 +15,6 @@ which is close-on-exec: the parent reads EOF without data exactly when ARGV was 
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import errno
 import fcntl
@@ -25,18 +24,28 @@ import stat
 import struct
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 try:
-    from conformance.targets.local import binds
-except ImportError:  # run by file path (python -I launcher.py): load the sibling by path
+    from conformance.targets.local import binds, launch_args
+except ImportError:  # run by file path (python -I launcher.py): load the siblings by path
     import importlib.util
 
-    _spec = importlib.util.spec_from_file_location("binds", Path(__file__).with_name("binds.py"))
-    assert _spec is not None and _spec.loader is not None
-    binds = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(binds)
+    def _sibling(name: str) -> Any:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while defining
+        spec.loader.exec_module(module)
+        return module
+
+    binds = _sibling("binds")
+    launch_args = _sibling("launch_args")
+
+NodeSpec = launch_args.NodeSpec
+BASE_DEVICES = launch_args.BASE_DEVICES
+build_parser = launch_args.build_parser
 
 EXIT_SETUP, EXIT_PRIVILEGES, EXIT_NOT_FOUND = 125, 126, 127
 LAUNCHER = Path(__file__).resolve()
@@ -59,14 +68,7 @@ SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
 
-# Character devices every container /dev has; numbers are fixed by the kernel ABI.
-BASE_DEVICES: dict[str, tuple[int, int]] = {
-    "null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9),
-    "tty": (5, 0),
-}  # fmt: skip
-DEFAULT_BASE = ("null", "zero", "random", "urandom", "tty")
 CAP_FIELDS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
-_TYPES = {"c": stat.S_IFCHR, "u": stat.S_IFCHR, "b": stat.S_IFBLK, "p": stat.S_IFIFO}
 
 
 class LaunchError(Exception):
@@ -75,33 +77,6 @@ class LaunchError(Exception):
     def __init__(self, message: str, code: int = EXIT_SETUP) -> None:
         super().__init__(message)
         self.code = code
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    """A device node to create in the private /dev (a runtime's CDI deviceNode edit)."""
-
-    path: str
-    kind: str
-    major: int
-    minor: int
-    mode: int
-    uid: int
-    gid: int
-
-    def to_arg(self) -> str:
-        """The --mknod argument: PATH:TYPE:MAJOR:MINOR:MODE(octal):UID:GID."""
-        fields = (self.kind, self.major, self.minor, f"{self.mode:o}", self.uid, self.gid)
-        return ":".join([self.path, *map(str, fields)])
-
-    @classmethod
-    def from_arg(cls, text: str) -> NodeSpec:
-        """Parse a --mknod argument; split from the right so a path may contain ':'."""
-        parts = text.rsplit(":", 6)
-        if len(parts) != 7 or parts[1] not in _TYPES:
-            raise ValueError(f"--mknod {text!r}: want PATH:TYPE(c|b|u|p):MAJOR:MINOR:MODE:UID:GID")
-        path, kind, major, minor, mode, uid, gid = parts
-        return cls(path, kind, int(major), int(minor), int(mode, 8), int(uid), int(gid))
 
 
 def _libc() -> ctypes.CDLL:
@@ -199,7 +174,9 @@ def make_node(spec: NodeSpec) -> None:
     node = Path(path)
     node.unlink(missing_ok=True)  # a spec'd node replaces a base node of the same path
     try:
-        os.mknod(node, _TYPES[spec.kind] | 0o600, os.makedev(spec.major, spec.minor))
+        os.mknod(
+            node, launch_args.NODE_TYPES[spec.kind] | 0o600, os.makedev(spec.major, spec.minor)
+        )
         os.chown(node, spec.uid, spec.gid)
         node.chmod(spec.mode & 0o7777)
     except OSError as exc:
@@ -330,76 +307,6 @@ def verify(*, drop_caps: bool, no_new_privs: bool, user: tuple[int, int] | None)
         raise LaunchError("privileges not dropped: " + ", ".join(problems), EXIT_PRIVILEGES)
 
 
-def _user(text: str) -> tuple[int, int]:
-    uid, sep, gid = text.partition(":")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"want UID:GID, got {text!r}")
-    return int(uid), int(gid)
-
-
-def _base(text: str) -> list[str]:
-    names = [n for n in text.split(",") if n]
-    unknown = sorted(set(names) - set(BASE_DEVICES))
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown base device(s) {', '.join(unknown)}")
-    return names
-
-
-def _mknod_arg(text: str) -> NodeSpec:
-    try:
-        return NodeSpec.from_arg(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def _bind_arg(text: str) -> tuple[str, str]:
-    source, sep, target = text.rpartition(":")
-    if not sep or not source.startswith("/") or not target.startswith("/"):
-        raise argparse.ArgumentTypeError(f"want SRC:DST (absolute paths), got {text!r}")
-    return source, target
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """Options of the launcher; ARGV follows `--`."""
-    p = argparse.ArgumentParser(
-        prog="python -m conformance.targets.local.launcher",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-    )
-    net = p.add_mutually_exclusive_group()
-    net.add_argument("--netns", metavar="NAME", help="join /run/netns/NAME")
-    net.add_argument("--unshare-net", action="store_true", help="fresh netns, only lo (up)")
-    p.add_argument("--private-dev", action="store_true", help="fresh tmpfs on /dev")
-    # fmt: off
-    p.add_argument("--base-devs", type=_base, default=list(DEFAULT_BASE), metavar="A,B",
-                   help=f"base nodes of the private /dev (default {','.join(DEFAULT_BASE)})")
-    p.add_argument("--dev-node", action="append", default=[], metavar="PATH",
-                   help="bind-mount the host's node at PATH (missing: skipped with a message)")
-    p.add_argument("--mknod", action="append", default=[], type=_mknod_arg,
-                   metavar="PATH:TYPE:MAJOR:MINOR:MODE:UID:GID", help="create a node")
-    p.add_argument("--dev-cover", action="append", default=[], type=_bind_arg,
-                   metavar="SRC:PATH", help="bind host node SRC over PATH, last")
-    # fmt: on
-    p.add_argument(
-        "--bind",
-        action="append",
-        default=[],
-        type=_bind_arg,
-        metavar="SRC:DST",
-        help="bind host dir SRC at DST in the namespace (never creating DST on the host)",
-    )
-    p.add_argument(
-        "--stage-root",
-        metavar="DIR",
-        help="shadow / onto DIR and chroot there (binds that need a new top-level dir)",
-    )
-    p.add_argument("--user", type=_user, metavar="UID:GID", help="switch uid/gid, no groups")
-    p.add_argument("--drop-caps", action="store_true", help="drop every capability set")
-    p.add_argument("--no-new-privs", action="store_true", help="set no_new_privs")
-    p.add_argument("--exec-fd", type=int, metavar="N", help="report errors on fd N; EOF = exec")
-    p.add_argument("argv", nargs="+", metavar="ARGV")
-    return p
-
-
 def _fail(exec_fd: int | None, code: int, message: str) -> int:
     print(f"launcher: {message}", file=sys.stderr, flush=True)
     if exec_fd is not None:
@@ -409,7 +316,7 @@ def _fail(exec_fd: int | None, code: int, message: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every requested step, then exec; returns an exit status only on failure."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(__doc__.split("\n\n")[0] if __doc__ else None).parse_args(argv)
     # The environment as given at exec, not os.environ: Python's locale coercion adds LC_CTYPE
     # to its own, which must not leak. Read now: after a uid switch the process is not dumpable
     # and /proc/self/environ is no longer readable.
