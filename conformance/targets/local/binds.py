@@ -105,6 +105,23 @@ def make_dirs(path: str) -> None:
     Path(path).mkdir(mode=0o755, parents=True, exist_ok=True)
 
 
+# How deep the host's own directories go: below an FHS top-level directory's children
+# (/var/lib, /run/x), a directory may be made and removed by anyone (a node stack's kubelet root
+# under /var/lib), and a tmpfs on its dentry would be detached from this namespace when it goes.
+STABLE_DEPTH = 2
+
+
+def _stable_anchor(anchor: str, skip: str, made: Sequence[str]) -> tuple[str, str]:
+    """Move a shadow up to the host's own level when it would sit on a host dentry deeper
+    than STABLE_DEPTH (unless it lies in a tmpfs made here); `skip` names the entry towards the
+    target, which the shadow leaves out (an empty placeholder: the path is made in the tmpfs)."""
+    parts = PurePosixPath(anchor).parts  # ("/", "var", "lib", "kubelet")
+    ours = any(anchor == m or anchor.startswith(m.rstrip("/") + "/") for m in made)
+    if ours or len(parts) <= STABLE_DEPTH + 1:
+        return anchor, skip
+    return str(PurePosixPath(*parts[: STABLE_DEPTH + 1])), parts[STABLE_DEPTH + 1]
+
+
 def apply(mount: Mount, binds: Sequence[tuple[str, str]], stage: str | None) -> str:
     """Make every (host source, namespace target) bind; return the root to chroot into ("/")."""
     root = "/"
@@ -113,6 +130,7 @@ def apply(mount: Mount, binds: Sequence[tuple[str, str]], stage: str | None) -> 
         root = stage
     # Host sources are opened before any shadow can hide them.
     handles: list[tuple[int, str]] = []
+    made: list[str] = []  # anchors shadowed here: their tmpfs is this namespace's own
     try:
         for source, target in binds:
             fd = os.open(source, os.O_PATH | os.O_CLOEXEC)
@@ -131,10 +149,12 @@ def apply(mount: Mount, binds: Sequence[tuple[str, str]], stage: str | None) -> 
             skip = ""
             if anchor == real:
                 anchor, skip = str(PurePosixPath(real).parent), PurePosixPath(real).name
+            anchor, skip = _stable_anchor(anchor, skip, made)
             if anchor == "/" and root == "/":
                 raise BindError(f"--bind target {target}: a top-level directory needs a stage")
             if anchor != "/":
                 shadow(mount, ns_path(root, anchor), ns_path(root, anchor), skip=skip)
+                made.append(anchor)
             make_dirs(ns_path(root, real))
             mount(f"/proc/self/fd/{fd}", ns_path(root, real), None, MS_BIND | MS_REC, None)
     finally:
