@@ -8,7 +8,8 @@ both sides are compared; every difference is recorded, with the kubelet's versio
 fixtures/realnode/differential-<version>.json (rewritten by each run), and the test fails on
 any difference not listed in KNOWN (each entry says why it is accepted).
 
-Needs the real node: `nox -s node-up` (with the API server). Skipped otherwise.
+Needs the real node: the one `nox -s node-up` left up, else one brought up for the test (the
+`tests` session runs it); skipped only where the node is not built.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from conformance.targets.realnode import BIN, CDI_DIR, REPO, procs
+from conformance.targets.realnode import BIN, CDI_DIR, REPO, procs, stack
 from conformance.targets.realnode.configs import PKI
 from plugin.api import deviceplugin_pb2 as pb
 from tests.conformance.minimal_plugin import HEALTHY, UNHEALTHY, Faults
@@ -45,17 +46,30 @@ def _node_up() -> bool:
 
 @pytest.fixture(scope="module")
 def sides(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, RealSide]]:
-    if not _node_up():
-        pytest.skip("the real node is not up (nox -s node-up)")
-    emulator = EmulatorSide(tmp_path_factory.mktemp("emu"))
-    real = RealSide(PKI)
+    """The emulator and the real kubelet: the node `nox -s node-up` left up, else one brought
+    up here and taken down (verified) after; skipped only when the node is not built."""
+    own = not _node_up()
+    if own:
+        missing = [n for n in ("kubelet", "kube-apiserver", "etcd") if not (BIN / n).exists()]
+        if missing:
+            pytest.skip(f"the node is not built ({', '.join(missing)}): run `nox -s node-build`")
+        if (kubelet := procs.recorded("kubelet")) is not None and kubelet.alive:
+            pytest.skip("a node without an API server is up: `nox -s node-down` first")
+        stack.up()
     try:
-        yield emulator, real
+        emulator = EmulatorSide(tmp_path_factory.mktemp("emu"))
+        real = RealSide(PKI)
+        try:
+            yield emulator, real
+        finally:
+            emulator.close()
+            real.close()
+            for spec in CDI_DIR.glob("hvdiff-*.json"):
+                spec.unlink()
     finally:
-        emulator.close()
-        real.close()
-        for spec in CDI_DIR.glob("hvdiff-*.json"):
-            spec.unlink()
+        if own:
+            left = stack.down()
+            assert not left, f"node-down left: {left}"
 
 
 def _shape_allocate(requests: list[pb.AllocateRequest]) -> list[list[int]]:
