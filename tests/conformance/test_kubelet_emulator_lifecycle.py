@@ -328,3 +328,22 @@ def test_crash_without_hard_link_still_leaves_socket(
             assert is_socket(emu.kubelet_socket) and emu.capacity(RES) == 0
 
     run(scenario())
+
+
+def test_the_loop_names_a_task_left_running_but_not_one_on_its_last_step() -> None:
+    from conformance.kubelet import LoopThread
+
+    lt = LoopThread()
+
+    async def never() -> None:
+        await asyncio.Event().wait()
+
+    async def leave_tasks() -> None:
+        loop = asyncio.get_running_loop()
+        leaked = loop.create_task(never(), name="leaked")
+        ending = loop.create_task(asyncio.sleep(0.1), name="ending")
+        assert not (leaked.done() or ending.done())
+
+    lt.run(leave_tasks, 10, "leave tasks")
+    lt.close()
+    assert lt.leftover_tasks == ["leaked"]
