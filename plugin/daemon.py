@@ -93,12 +93,7 @@ async def run(
         # Devices are checked (and the spec repaired) before anything is advertised.
         await monitor.check_all()
         tasks = [asyncio.ensure_future(monitor.run()), asyncio.ensure_future(registrar.run())]
-        waiter = asyncio.ensure_future(stop.wait())
-        done, _ = await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        for task in done:
-            if task is not waiter and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+        await shutdown.serve_until(stop, tasks)
         logs.log("stopping", reason="signal")
         health.shutdown()
         await _wait_streams_closed(health, SHUTDOWN_FLUSH_S)

@@ -19,6 +19,17 @@ STEP_DEADLINE_S = 5.0
 RECANCEL_S = 2.0
 
 
+async def serve_until(stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:
+    """Wait for the stop signal; a serving task that ended with an error ends the wait with it
+    (the caller's finally then stops everything, and the error reaches its exit code)."""
+    waiter = asyncio.ensure_future(stop.wait())
+    done, _ = await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    for task in done:
+        if task is not waiter and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+
+
 def _stack(task: asyncio.Task[Any]) -> str:
     """Where a suspended task waits: its await chain, outermost first."""
     where: list[str] = []

@@ -196,12 +196,7 @@ async def run_dra(cfg: Config, listener: socket.socket | None, worker: ProbeWork
         await reg_server.start()
         tasks = [asyncio.ensure_future(c) for c in (monitor.run(), publisher.run(),
                                                     _follow(health, reg, publisher))]  # fmt: skip
-        waiter = asyncio.ensure_future(stop.wait())
-        done, _ = await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        for task in done:
-            if task is not waiter and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+        await shutdown.serve_until(stop, tasks)
         logs.log("stopping", reason="signal")
         health.shutdown()
     finally:
