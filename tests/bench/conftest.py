@@ -4,19 +4,16 @@ no /tmp/hvb-* directory behind would see the other run's live one."""
 
 from __future__ import annotations
 
-import fcntl
 from collections.abc import Iterator
 
 import pytest
+
+from tests.machine_lock import machine_lock
 
 LOCK = "/run/lock/hv-bench-tests.lock"
 
 
 @pytest.fixture(autouse=True)
 def one_bench_at_a_time() -> Iterator[None]:
-    with open(LOCK, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with machine_lock(LOCK):
+        yield

@@ -6,10 +6,11 @@ A module opts in with `USES_NODE_STACK = True` (the unit tests here need no lock
 
 from __future__ import annotations
 
-import fcntl
 from collections.abc import Iterator
 
 import pytest
+
+from tests.machine_lock import machine_lock
 
 LOCK = "/run/lock/hv-node-tests.lock"
 
@@ -19,9 +20,5 @@ def one_node_stack_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
     if not getattr(request.module, "USES_NODE_STACK", False):
         yield
         return
-    with open(LOCK, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with machine_lock(LOCK):
+        yield
