@@ -94,6 +94,13 @@ def _fs_type(path: Path) -> int:
     return int.from_bytes(buf.raw[:width], sys.byteorder) & 0xFFFFFFFF
 
 
+def forget_lock(cdi_dir: Path, filename: str) -> None:
+    """Drop the lock of a spec no longer kept (a DRA claim's, once unprepared): a driver that
+    prepares claims for months must not keep one lock per claim it ever saw."""
+    with _LOCKS_GUARD:
+        _LOCKS.pop((str(Path(cdi_dir).absolute()), filename), None)
+
+
 class CdiReconciler:
     """Keeps `cdi_dir/filename` byte-identical to `desired` with exactly `mode`."""
 
@@ -115,6 +122,13 @@ class CdiReconciler:
         key = (str(self.cdi_dir.absolute()), filename)
         with _LOCKS_GUARD:
             self._lock = _LOCKS.setdefault(key, threading.Lock())
+
+    def watches(self, name: str) -> bool:
+        """A CDI-dir event on `name` may have changed this spec."""
+        return name == self.filename
+
+    def label(self) -> str:
+        return str(self.path)
 
     def inspect(self) -> CdiStatus:
         """Classify the spec path without changing anything."""

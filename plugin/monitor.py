@@ -11,10 +11,10 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from plugin import metrics
-from plugin.cdi import CdiReconciler, CdiStatus
+from plugin.cdi import CdiStatus
 from plugin.config import Config
 from plugin.device import CheckResult, DeviceKind, check_host_entry
 from plugin.health import HealthState
@@ -56,6 +56,17 @@ class _Flight(Generic[T]):
         return await asyncio.shield(task)
 
 
+class SpecKeeper(Protocol):
+    """What keeps CDI specs exact: the device plugin's one spec (plugin.cdi.CdiReconciler), or
+    the DRA driver's prepared claims' specs (plugin.dra.claim_specs.ClaimSpecs)."""
+
+    def watches(self, name: str) -> bool: ...
+    def label(self) -> str: ...
+    def inspect(self) -> CdiStatus: ...
+    def reconcile(self) -> CdiStatus: ...
+    def memory_backed(self) -> bool: ...
+
+
 class Monitor:
     """Device checks and CDI reconciliation, and the watchers that trigger them."""
 
@@ -64,7 +75,7 @@ class Monitor:
         cfg: Config,
         health: HealthState,
         worker: ProbeWorker | None,
-        reconciler: CdiReconciler | None,
+        reconciler: SpecKeeper | None,
     ) -> None:
         self._cfg = cfg
         self._health = health
@@ -77,11 +88,13 @@ class Monitor:
         # dir -> the one entry in it that matters: the spec, the device in the host's /dev view,
         # and the device node this process opens (a container's own /dev can change too).
         own = Path(cfg.hypervisor_device)
-        self._watched_names = {own.parent: own.name}
+        self._watched_names: dict[Path, Callable[[str], bool]] = {
+            own.parent: own.name.__eq__
+        }
         if host is not None:
-            self._watched_names[host.parent] = host.name
+            self._watched_names[host.parent] = host.name.__eq__
         if reconciler is not None:
-            self._watched_names[cfg.cdi_dir] = cfg.cdi_filename
+            self._watched_names[cfg.cdi_dir] = reconciler.watches
         self._cdi_flight = _Flight(self._run_cdi_check)
         self._device_flight = _Flight(self._run_device_check)
         self._mount_watch: MountTableWatcher | None = None
@@ -199,11 +212,7 @@ class Monitor:
                 status = await asyncio.to_thread(self._reconciler.reconcile)
         if status.repaired and status.cause:
             metrics.CDI_REPAIRS.labels(cause=status.cause).inc()
-            log(
-                "cdi_repaired",
-                cause=status.cause,
-                path=str(self._cfg.cdi_dir / self._cfg.cdi_filename),
-            )
+            log("cdi_repaired", cause=status.cause, path=self._reconciler.label())
         if not status.ok:
             metrics.CDI_FAILURES.labels(state=status.state).inc()
             if self._health.cdi.ok or self._health.cdi.reason != status.reason:
@@ -228,7 +237,8 @@ class Monitor:
         # behind a CDI read, nor a CDI event behind a device probe; and only events on the entry
         # watched for, or on the directory itself (no name): a node's /dev sees many others, and
         # a mknod-then-rename fault would otherwise probe once too early, on the temp name.
-        if name and name != self._watched_names.get(where):
+        watched = self._watched_names.get(where)
+        if name and (watched is None or not watched(name)):
             return
         if self._reconciler is not None and where == self._cfg.cdi_dir:
             self._due.add(_CDI)

@@ -207,6 +207,8 @@ def run(
 
 def _command_problem(plugin: PluginUnderTest) -> str:
     """Why the profile's command cannot start (checked before the machine is touched)."""
+    if plugin.dra is not None:
+        return "a DRA driver: the bench measures device plugins against the kubelet emulator"
     program = Path(plugin.argv()[0])
     if not program.is_absolute():
         return ""  # found on PATH by the launcher, which says so if it is not

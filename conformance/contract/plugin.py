@@ -20,6 +20,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from conformance.contract.deploy import Deploy, parse_deploy
+from conformance.contract.dra_profile import (
+    API_DEVICE_PLUGIN,
+    API_DRA,
+    DRA_PLACEHOLDERS,
+    DraDriver,
+    parse_dra,
+)
 from conformance.contract.errors import ProfileError as ProfileError
 from conformance.contract.profile_rules import HYPERVISOR_DEVICES as HYPERVISOR_DEVICES
 from conformance.contract.profile_rules import PROBE_TYPES as PROBE_TYPES
@@ -40,7 +47,8 @@ from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
 
 SHIPPED = Path(__file__).resolve().parent.parent / "profiles" / "hv-device-plugin.yaml"
 # Placeholders a command, an env value or a probe may use; each is filled by the target.
-PLACEHOLDERS = ("python", "profile_dir", "health_addr", "health_host", "health_port")
+PLACEHOLDERS = ("python", "profile_dir", "health_addr", "health_host", "health_port",
+                *DRA_PLACEHOLDERS)  # fmt: skip
 _MAX_PROFILE_BYTES = 64 * 1024
 _TOP_KEYS = {
     "name",
@@ -52,6 +60,7 @@ _TOP_KEYS = {
     "resource",
     "cdi",
     "deploy",
+    "dra",
 }
 _PATH_KEYS = {"devicePluginDir", "cdiDir", "devices", "hostDevDir"}
 
@@ -92,8 +101,14 @@ class PluginUnderTest:
     cdi_kind: str | None = None  # discovered from Allocate answers when None
     cdi_spec: str | None = None  # discovered from the CDI directory when None
     deploy: Deploy | None = None  # how it runs in a container and on a cluster
+    dra: DraDriver | None = None  # a DRA driver (dra_profile), not a device plugin
     source: str = ""  # where the description came from (a file, --plugin-cmd)
     profile_dir: str = "."
+
+    @property
+    def api(self) -> str:
+        """The kubelet API the plugin speaks: a device plugin's, or DRA's."""
+        return API_DEVICE_PLUGIN if self.dra is None else API_DRA
 
     @property
     def image(self) -> str | None:
@@ -105,9 +120,11 @@ class PluginUnderTest:
         texts = [*self.command, *self.env.values(), self.readiness.url, self.liveness.url]
         return any("{health_" in t for t in texts)
 
-    def fill(self, text: str, health_addr: str = "") -> str:
+    def fill(self, text: str, health_addr: str = "", facts: Mapping[str, str] | None = None) -> str:
+        """The placeholders filled; `facts`: what a target gives a DRA driver (DRA_PLACEHOLDERS)."""
         host, _, port = health_addr.rpartition(":")
         values = {
+            **(facts or {}),
             "python": sys.executable,
             "profile_dir": self.profile_dir,
             "health_addr": health_addr,
@@ -119,11 +136,13 @@ class PluginUnderTest:
             out = out.replace("{" + key + "}", value)
         return out
 
-    def argv(self, health_addr: str = "") -> list[str]:
-        return [self.fill(a, health_addr) for a in self.command]
+    def argv(self, health_addr: str = "", facts: Mapping[str, str] | None = None) -> list[str]:
+        return [self.fill(a, health_addr, facts) for a in self.command]
 
-    def environment(self, health_addr: str = "") -> dict[str, str]:
-        return {k: self.fill(v, health_addr) for k, v in self.env.items()}
+    def environment(
+        self, health_addr: str = "", facts: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
+        return {k: self.fill(v, health_addr, facts) for k, v in self.env.items()}
 
     def with_image(self, image: str) -> PluginUnderTest:
         """The documented override of deploy.image (--image); unchanged without a deploy."""
@@ -149,6 +168,8 @@ class PluginUnderTest:
             "readiness": self.readiness.type,
             "liveness": self.liveness.type,
             "image": self.image,
+            "api": self.api,
+            **({"driver": self.dra.driver} if self.dra is not None else {}),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -169,6 +190,7 @@ class PluginUnderTest:
             "cdi_kind": self.cdi_kind,
             "cdi_spec": self.cdi_spec,
             "deploy": None if self.deploy is None else self.deploy.to_json(),
+            "dra": None if self.dra is None else self.dra.to_json(),
             "source": self.source,
             "profile_dir": self.profile_dir,
         }
@@ -192,6 +214,7 @@ class PluginUnderTest:
             cdi_kind=data["cdi_kind"],
             cdi_spec=data["cdi_spec"],
             deploy=None if data["deploy"] is None else Deploy.from_json(data["deploy"]),
+            dra=DraDriver.from_json(data.get("dra")),
             source=data["source"],
             profile_dir=data["profile_dir"],
         )
@@ -283,6 +306,12 @@ def parse_profile(data: Any, where: str, profile_dir: Path) -> PluginUnderTest:
     if spec is not None and ("/" in text(spec, f"{where}.cdi.spec") or spec in (".", "..")):
         raise ProfileError(f"{where}.cdi.spec: want a file name in the CDI directory")
     resource = data.get("resource")
+    dra = parse_dra(data.get("dra"), f"{where}.dra", profile_dir)
+    if dra is not None:
+        # A DRA driver's workloads ask for the DeviceClass's extended resource.
+        if resource is not None and resource != dra.extended_resource:
+            raise ProfileError(f"{where}.resource: a DRA driver's is dra.extendedResource")
+        resource = dra.extended_resource
     return PluginUnderTest(
         name=text(data.get("name", profile_dir.name), f"{where}.name"),
         command=argv(data.get("command"), f"{where}.command"),
@@ -296,6 +325,7 @@ def parse_profile(data: Any, where: str, profile_dir: Path) -> PluginUnderTest:
         else resource_name(cdi["kind"], f"{where}.cdi.kind"),
         cdi_spec=spec,
         deploy=parse_deploy(data.get("deploy"), f"{where}.deploy", profile_dir),
+        dra=dra,
         source=where,
         profile_dir=str(profile_dir),
     )

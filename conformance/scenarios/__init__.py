@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from conformance.contract.dra_profile import API_DEVICE_PLUGIN, API_DRA
 from conformance.contract.node import Node
 from conformance.contract.results import Recorder
 from conformance.scenarios import (
     atomicity,
     cdi,
+    dra,
     guest,
     identity,
     late,
@@ -30,6 +33,14 @@ class Check:
     run: Callable[[Node, Recorder], None]
     requirement: str  # what must hold: the seed's requirement, in the README's table
     level: str = "seed"  # "seed": the seed's live checks; "extended": stricter than the seed
+    # The plugin APIs the check judges: a check of the other API ends not_applicable (a DRA
+    # driver has no ListAndWatch stream to lose; a device plugin no ResourceSlice).
+    apis: tuple[str, ...] = (API_DEVICE_PLUGIN,)
+
+
+DP = (API_DEVICE_PLUGIN,)
+BOTH = (API_DEVICE_PLUGIN, API_DRA)
+DRA = (API_DRA,)
 
 
 CATALOGUE: tuple[Check, ...] = (
@@ -90,7 +101,34 @@ CATALOGUE: tuple[Check, ...] = (
           "kubelet and sandboxes gone, both back, device late: registration time and refused "
           "requests measured; nothing admitted or healthy while unusable; the controller's "
           "workload runs again; no stale checkpoint entry", level="extended"),
+    # DRA: what the kubelet's own node tests check of a DRA driver (test/e2e_node/dra_test.go).
+    Check("dra-kubelet-restart", "restart", "DRA: kubelet restarts with a prepared claim",
+          dra.kubelet_restart,
+          "a pod holding a prepared claim keeps running and counting across graceful and crash "
+          "kubelet restarts; the driver republishes its ResourceSlice after the kubelet's "
+          "start-up wipe (republish measured)",
+          level="extended", apis=DRA),
+    Check("dra-pod-while-kubelet-down", "restart", "DRA: pod created while the kubelet is down",
+          dra.pod_while_kubelet_down,
+          "a pod allocated while the kubelet is down runs once the kubelet is back",
+          level="extended", apis=DRA),
+    Check("dra-prepare-retried", "cdi", "DRA: NodePrepareResources retried",
+          dra.prepare_retried,
+          "the claim's spec cannot be written (read-only CDI storage): prepare fails, is retried "
+          "across a kubelet restart, and the pod runs once storage is back",
+          level="extended", apis=DRA),
+    Check("dra-no-spec-left", "cdi", "DRA: no CDI spec left after unprepare", dra.no_spec_left,
+          "the pod deleted: its claim unprepared and no CDI spec of it left",
+          level="extended", apis=DRA),
 )  # fmt: skip
+# Checks of the catalogue that judge a DRA driver too (through the same Node observations:
+# conformance.contract.dra says what each one means there).
+_JUDGES_BOTH = {"guest-execution", "cdi-missing", "cdi-stale", "cdi-malformed", "cdi-non-regular",
+                "cdi-read-only", "identity-missing", "device-unusable", "restart-plugin",
+                "preservation"}  # fmt: skip
+CATALOGUE = tuple(
+    dataclasses.replace(c, apis=BOTH) if c.id in _JUDGES_BOTH else c for c in CATALOGUE
+)
 # "cleanup" is verified by the run controller after every node is torn down.
 CLEANUP = Check(
     "cleanup",
@@ -98,14 +136,16 @@ CLEANUP = Check(
     "Cleanup",
     lambda node, rec: None,
     "the owner ledger: every process, mount, namespace and dir the run created is gone",
+    apis=BOTH,
 )
 
 
 def readme_table() -> str:
     """The README's table of checks, generated from the catalogue (a test keeps them equal)."""
-    rows = ["| id | marker | level | what must hold |", "| --- | --- | --- | --- |"]
+    rows = ["| id | marker | level | API | what must hold |", "| --- | --- | --- | --- | --- |"]
     rows += [
-        f"| {c.id} | {c.marker} | {c.level} | {c.requirement} |" for c in (*CATALOGUE, CLEANUP)
+        f"| {c.id} | {c.marker} | {c.level} | {', '.join(c.apis)} | {c.requirement} |"
+        for c in (*CATALOGUE, CLEANUP)
     ]
     return "\n".join(rows) + "\n"
 

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from conformance.contract import runcontext
+from conformance.contract.dra import plugin_api
+from conformance.contract.dra_profile import API_TITLES
 from conformance.contract.node import Node
 from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
 from conformance.contract.results import (
@@ -144,6 +146,13 @@ def run_check(node: Node, check: Check, rec: Recorder) -> None:
     """
     if _DIRTY:
         pytest.skip(f"{Status.BLOCKED.value}: {_DIRTY['by']} left the node dirty: {_DIRTY['why']}")
+    api = plugin_api(node)
+    if api not in check.apis:
+        judged = " and ".join(API_TITLES[a] for a in check.apis)
+        pytest.skip(
+            f"{Status.NOT_APPLICABLE.value}: judges {judged}; the plugin under test speaks "
+            f"{API_TITLES[api]}"
+        )
     try:
         check.run(node, rec)
     except NotApplicable as exc:

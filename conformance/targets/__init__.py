@@ -52,7 +52,7 @@ TARGETS: dict[str, Target] = {
     ),
     "kind": Target("conformance.targets.cluster.kind", "a throwaway KIND cluster", cluster=True),
     "aks": Target("conformance.targets.cluster.aks", "a temporary AKS node pool", cluster=True),
-    "node": Target("conformance.targets.realnode.node", "a real kubelet on this machine"),
+    "node": Target("conformance.targets.realnode.entry", "a real kubelet on this machine"),
 }
 RUNTIMES: tuple[str, ...] = ("process", *RUNTIME_MODULES)
 

@@ -26,6 +26,13 @@ def refusal(plugin: PluginUnderTest, target: str, runtime: str, *, image: str = 
     where = _where(target, runtime)
     who = f"plugin {plugin.name!r} ({plugin.source})"
     from_image = target in CLUSTERS or runtime == "container"
+    if plugin.dra is not None and (target != "node" or runtime != "process"):
+        # No other target has a DRA side yet: the local target's kubelet is an emulator of the
+        # device plugin API, and the cluster targets deploy device plugins' objects only.
+        return (
+            f"dra: {who} is a DRA driver; {where} judges device plugins only: judge it with "
+            "--target node (a real kubelet, API server and scheduler)"
+        )
     if from_image and plugin.deploy is None:
         return (
             f"deploy: {who} has no deploy section (image, chart or manifests, pods); {where} "

@@ -104,7 +104,7 @@ class SlicePublisher:
             self._wake.clear()
             if not self.reg.registered:
                 continue  # not yet (or no longer) taken by the kubelet: nothing to publish
-            reason = "" if self.health.device.ok else self.health.device.reason
+            reason = unusable_reason(self.health)
             self.generation += 1
             body = resource_slice(self.facts, generation=self.generation, unusable_reason=reason)
             try:
@@ -120,9 +120,17 @@ class SlicePublisher:
                      tainted=bool(reason))  # fmt: skip
 
 
+def unusable_reason(health: HealthState) -> str:
+    """Why no new claim should get the device ("" when it may): the device, or the claims'
+    CDI specs that cannot be kept (a claim prepared now could not be injected either)."""
+    if not health.device.ok:
+        return health.device.reason
+    return "" if health.cdi.ok else f"CDI: {health.cdi.reason}"
+
+
 async def _follow(health: HealthState, reg: RegistrationServicer, pub: SlicePublisher) -> None:
-    """Poke the publisher on each registration word and each device usability change."""
-    seen_device = health.device.ok
+    """Poke the publisher on each registration word and each usability change."""
+    seen_device = unusable_reason(health)
     while True:
         changed = asyncio.ensure_future(reg.changed.wait())
         ticked = asyncio.ensure_future(health.wait_change(health.generation))
@@ -133,8 +141,8 @@ async def _follow(health: HealthState, reg: RegistrationServicer, pub: SlicePubl
             ok = bool(reg.registered)
             health.set_registered(ok, "" if ok else (reg.error or "refused by the kubelet"))
             pub.poke()
-        if health.device.ok != seen_device:
-            seen_device = health.device.ok
+        if bool(unusable_reason(health)) != bool(seen_device):
+            seen_device = unusable_reason(health)
             pub.poke()
 
 
@@ -143,11 +151,15 @@ async def run_dra(cfg: Config, listener: socket.socket | None, worker: ProbeWork
     dra = cfg.dra
     assert dra is not None
     health = HealthState(streams_required=False)
-    monitor = Monitor(cfg, health, worker, None)
     store = ClaimStore(dra.plugin_dir / STATE_FILE)
     store.load()
     specs = ClaimSpecs(cfg.cdi_dir, cfg.resource_name, cfg.device_name, cfg.hypervisor_device,
                        cfg.device_uid, cfg.device_gid, cfg.cdi_version)  # fmt: skip
+    specs.keep(c.uid for c in store.all())
+    # The prepared claims' specs kept exact as the device plugin's one spec is (watched,
+    # re-checked, repaired); one that cannot be kept makes the driver unready and taints its
+    # device, as a device plugin's unhealthy devices do.
+    monitor = Monitor(cfg, health, worker, specs)
     api = _api(dra)
 
     async def verify() -> list[str]:

@@ -128,14 +128,19 @@ class PluginSandbox:
         """Where a path of the plugin's own view is, for a process entering its mount ns."""
         return binds_mod.ns_path(self.stage_root or "/", os.fspath(path))
 
+    def make_netns(self) -> None:
+        """The sandbox's network namespace, made once (before the first start, when something
+        must be ready in it before the plugin runs)."""
+        if self.netns is None:
+            self.netns = NetNamespace(self.netns_name, self.index, self.ledger)
+
     def start(self) -> int:
         """Create the network namespace (once) and launch the plugin; returns its pid."""
         if self._closed:
             raise SandboxError("sandbox closed")
         if self.running:
             raise SandboxError(f"plugin already running (pid {self.pid})")
-        if self.netns is None:
-            self.netns = NetNamespace(self.netns_name, self.index, self.ledger)
+        self.make_netns()
         read_fd, write_fd = os.pipe()
         try:
             with self.log_path.open("ab") as log:

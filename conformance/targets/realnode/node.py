@@ -15,7 +15,6 @@ with `-n 1`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import shutil
@@ -23,10 +22,9 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from conformance.contract.base import set_up
 from conformance.contract.ledger import mounts_at
 from conformance.contract.node import (
     CAP_DEVICE_LATE,
@@ -41,7 +39,6 @@ from conformance.contract.node import (
 )
 from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.results import EnvironmentBlocked
-from conformance.contract.runcontext import RunContext
 from conformance.contract.wait import wait_for
 from conformance.guest.cdi_resolve import resolve
 from conformance.targets.local.hostfiles import device_metadata, mount, umount
@@ -133,7 +130,7 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
         for name, data in self.sentinels.items():
             self.write_file("cdi", name, data)
         PLUGIN_LOG.unlink(missing_ok=True)  # this run's plugin log only
-        self._alias_plugin_dir()
+        self._before_plugin()
         self._start_plugin()
         self.resource = self.resource or wait_for(
             self._registered_resource,
@@ -148,6 +145,13 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
         )
         self._workload_device = self._device_in_workload(allocation) or self._workload_device
         self._take_baseline(allocation, 30)
+
+    def _before_plugin(self) -> None:
+        """What the node gives the plugin before it first starts (a DRA node: dra_node)."""
+        self._alias_plugin_dir()
+
+    def _after_plugin(self) -> None:
+        self._unalias_plugin_dir()
 
     def _registered_resource(self) -> str | None:
         """The resource of the plugin's Register call, from the kubelet's log since its start."""
@@ -190,7 +194,7 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
                 umount(mp)
             self._ro_mounts.clear()
             self._stop_plugin()
-            self._unalias_plugin_dir()
+            self._after_plugin()
         finally:
             if self.events_log is not None:
                 self.events_log.stop()
@@ -262,18 +266,19 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
     def allocate(self) -> Allocation:
         assert self.api is not None
         name = f"hv-alloc-{uuid.uuid4().hex[:8]}"
-        body = workload_pod(name, self.resource, ["/pause"], self.workloads)
+        body = self._placed(workload_pod(name, self.resource, ["/pause"], self.workloads))
         self.api.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body)
 
-        pod = wait_for(
-            lambda: self._settled(name), POD_TIMEOUT_S, f"pod {name} running or failed", 0.1
-        )
+        pod, reason, message = wait_for(
+            lambda: self._allocation_settled(name), POD_TIMEOUT_S,
+            f"pod {name} running or refused", 0.1,
+        )  # fmt: skip
         status = pod["status"]
         allocation = Allocation(
             ok=status["phase"] == "Running",
             phase=status["phase"] if status["phase"] == "Failed" else "",
-            reason=status.get("reason", ""),
-            message=status.get("message", ""),
+            reason=reason,
+            message=message,
         )
         if allocation.ok:
             for entry in self.podresources.pods():
@@ -288,6 +293,13 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
             ]
         self._pods[id(allocation)] = name
         return allocation
+
+    def _allocation_settled(self, name: str) -> tuple[dict[str, Any], str, str] | None:
+        """The allocation's pod once admitted or refused, with the refusal's reason."""
+        pod = self._settled(name)
+        if pod is None:
+            return None
+        return pod, pod["status"].get("reason", ""), pod["status"].get("message", "")
 
     def release(self, allocation: Allocation) -> None:
         name = self._pods.pop(id(allocation), None)
@@ -332,12 +344,3 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
             return int(json.loads((self.workloads / f"{handle}.json").read_text())["counter"])
         except (OSError, ValueError, KeyError):
             return 0
-
-
-@contextlib.contextmanager
-def open_node(
-    ctx: RunContext, *, worker: str, metadata: object | None = None
-) -> Iterator[RealNode]:
-    """The registry's entry: the plugin under test as its profile describes it."""
-    with set_up(RealNode(out_dir=ctx.out, worker=worker, plugin=ctx.plugin)) as node:
-        yield node

@@ -89,6 +89,14 @@ def make_pki(pki: Path) -> None:
     (pki / "done").write_text("ok\n")
 
 
+def ensure_client(pki: Path, name: str, subject: str) -> None:
+    """A client certificate of the node's CA, made once (a DRA driver's own identity)."""
+    if not (pki / f"{name}.crt").exists():
+        _sign(pki, name, subject,
+              "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+              "extendedKeyUsage=clientAuth\n")  # fmt: skip
+
+
 def kubeconfig(pki: Path, client: str, path: Path) -> Path:
     """A kubeconfig for one client certificate against the loopback API server."""
     path.write_text(

@@ -106,13 +106,18 @@ class RealPods:
             self._pod_uids[pod["metadata"]["name"]] = pod["metadata"]["uid"]
         return items
 
+    def _placed(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """How a workload pod reaches the node: bound by name (a device plugin's resource is
+        the node's own); a DRA node schedules it (dra_node)."""
+        return pod
+
     # -- CAP_PODS -------------------------------------------------------------------------
 
     def _workload_spec(self, name: str, owner: str) -> dict[str, Any]:
         command = ["/usr/bin/python3", "-m", "conformance.guest", "counter",
                    "--device", self._workload_device, "--state-file", "/state/$(POD_UID).json",
                    "--interval", "0.05"]  # fmt: skip
-        pod = workload_pod(name, self.resource, command, self.workloads)
+        pod = self._placed(workload_pod(name, self.resource, command, self.workloads))
         pod["metadata"]["labels"][CHECK_LABEL] = "1"
         if owner:
             pod["metadata"]["labels"][OWNER_LABEL] = owner
@@ -137,7 +142,7 @@ class RealPods:
         labels = {**pod["metadata"]["labels"], RS_LABEL: name}
         pod["metadata"] = {"labels": labels}
         pod["spec"]["restartPolicy"] = "Always"
-        del pod["spec"]["nodeName"]
+        pod["spec"].pop("nodeName", None)
         pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": NODE_NAME}
         replicaset = {
             "apiVersion": "apps/v1",

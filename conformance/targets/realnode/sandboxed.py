@@ -134,15 +134,29 @@ class SandboxedPlugin(SandboxedPluginView, FreshStatus, LocalFaults):
             dev_nodes=self.plugin.paths.devices,
             log_path=PLUGIN_LOG,
             http_port=HEALTH_PORT,
-            binds=plugin_binds(self.plugin, sockets or self.plugin_dir),
+            binds=self._binds(sockets or self.plugin_dir),
         )
         addr = self.sandbox.health_addr
-        self.sandbox.argv = self.plugin.argv(addr)
-        self.sandbox.env.update(self.plugin.environment(addr))
+        facts = self._facts()
+        self.sandbox.argv = self.plugin.argv(addr, facts)
+        self.sandbox.env.update(self.plugin.environment(addr, facts))
+        self._before_start(self.sandbox)
         self._kubelet_log_at = _size(procs.LOGS / "kubelet.log")
         pid = self.sandbox.start()
         # node-down stops it too, should this run die before its teardown
         procs.record("plugin", pid)
+
+    # -- what a DRA node (dra_node) gives its driver differently ---------------------------------
+
+    def _binds(self, sockets: Path) -> list[tuple[str, str]]:
+        return plugin_binds(self.plugin, sockets)
+
+    def _facts(self) -> dict[str, str]:
+        """Placeholder values beyond the health address (a DRA driver's credentials)."""
+        return {}
+
+    def _before_start(self, sandbox: PluginSandbox) -> None:
+        """Called once the sandbox exists, before its plugin is first started."""
 
     def _stop_plugin(self) -> None:
         """Stop the plugin and verify its sandbox is gone (netns, links, every member)."""

@@ -1,0 +1,125 @@
+"""The `dra` section of a plugin profile: the plugin under test is a DRA driver, not a device
+plugin.
+
+A DRA driver speaks other APIs than a device plugin (the kubelet's plugin registration and
+`k8s.io/kubelet/pkg/apis/dra/v1`, the API server's `resource.k8s.io/v1`), so the suite needs
+other facts about it, each declared once here:
+
+- `driver`: its driver name (a DNS subdomain: its ResourceSlices and DeviceClass selectors
+  carry it);
+- `extendedResource`: the extended resource a DeviceClass maps to it (KEP-5004,
+  `extendedResourceName`): the suite's workload pods ask for it with a pod spec unchanged from
+  the device-plugin world;
+- `deviceClass`: optional, a manifest file holding the driver's own DeviceClass (it must select
+  the driver's devices and name `extendedResource`); without it the suite makes one that selects
+  every device of the driver;
+- `registrationDir` and `pluginDir`: where the driver looks for the kubelet's plugin watcher
+  dir and keeps its own sockets (the standard dirs below /var/lib/kubelet by default). The
+  kubelet dials the endpoint the driver names in GetInfo in its own view, so the plugin dir must
+  be the kubelet's own path, as a DaemonSet's hostPath mounted at the same path gives it.
+
+A driver reaches the API server: its command may use the placeholders the target fills
+(`{node_name}`, `{kube_api_server}`, `{kube_ca_file}`, `{kube_client_cert}`,
+`{kube_client_key}`, `{kubeconfig}`), credentials of the target's own making, limited to a DRA
+driver's rules.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conformance.contract.errors import ProfileError
+from conformance.contract.profile_rules import abs_dir, known_keys, resource_name, text
+from conformance.contract.safeyaml import excerpt
+from plugin.api.dra_wire import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
+
+API_DEVICE_PLUGIN = "deviceplugin"
+API_DRA = "dra"
+# What each API is, for reports and refusals.
+API_TITLES = {
+    API_DEVICE_PLUGIN: "the kubelet device plugin API (v1beta1)",
+    API_DRA: "Dynamic Resource Allocation (kubelet DRA v1, resource.k8s.io/v1)",
+}
+# Filled by a target that runs a DRA driver (credentials and the node's name).
+DRA_PLACEHOLDERS = ("node_name", "kube_api_server", "kube_ca_file", "kube_client_cert",
+                    "kube_client_key", "kubeconfig")  # fmt: skip
+_KEYS = {"driver", "extendedResource", "deviceClass", "registrationDir", "pluginDir"}
+
+
+@dataclass(frozen=True)
+class DraDriver:
+    driver: str
+    extended_resource: str
+    registration_dir: str = PLUGINS_REGISTRY_DIR
+    plugin_dir: str = ""  # default: PLUGINS_DIR/<driver>
+    device_class: str | None = None  # a manifest file with the driver's DeviceClass
+
+    @property
+    def endpoint_dir(self) -> str:
+        return self.plugin_dir or posixpath.join(PLUGINS_DIR, self.driver)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "driver": self.driver,
+            "extended_resource": self.extended_resource,
+            "registration_dir": self.registration_dir,
+            "plugin_dir": self.endpoint_dir,
+            "device_class": self.device_class,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> DraDriver | None:
+        if data is None:
+            return None
+        return cls(
+            driver=data["driver"],
+            extended_resource=data["extended_resource"],
+            registration_dir=data["registration_dir"],
+            plugin_dir=data["plugin_dir"],
+            device_class=data["device_class"],
+        )
+
+
+def _driver_name(value: Any, where: str) -> str:
+    name = text(value, where)
+    # A driver name is a DNS subdomain (resource.k8s.io validation): the resource-name rule's
+    # domain part, checked by giving it a name part.
+    try:
+        resource_name(f"{name}/x", where)
+    except ProfileError:
+        raise ProfileError(f"{where}: want a DNS subdomain, got {excerpt(name)}") from None
+    return name
+
+
+def parse_dra(value: Any, where: str, profile_dir: Path) -> DraDriver | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: want a mapping with 'driver' and 'extendedResource'")
+    known_keys(value, _KEYS, where)
+    for key in ("driver", "extendedResource"):
+        if key not in value:
+            raise ProfileError(f"{where}: '{key}' is required for a DRA driver")
+    driver = _driver_name(value["driver"], f"{where}.driver")
+    registry = abs_dir(value.get("registrationDir", PLUGINS_REGISTRY_DIR),
+                       f"{where}.registrationDir")  # fmt: skip
+    plugin_dir = abs_dir(value.get("pluginDir", posixpath.join(PLUGINS_DIR, driver)),
+                         f"{where}.pluginDir")  # fmt: skip
+    if registry == plugin_dir or plugin_dir.startswith(registry + "/"):
+        raise ProfileError(f"{where}.pluginDir: must not be the registration dir or inside it")
+    klass = value.get("deviceClass")
+    device_class = None
+    if klass is not None:
+        path = Path(text(klass, f"{where}.deviceClass"))
+        device_class = str(path if path.is_absolute() else profile_dir / path)
+    return DraDriver(
+        driver=driver,
+        extended_resource=resource_name(value["extendedResource"], f"{where}.extendedResource"),
+        registration_dir=registry,
+        plugin_dir=plugin_dir,
+        device_class=device_class,
+    )

@@ -1,0 +1,166 @@
+"""DRA behaviours the kubelet's own node tests check (test/e2e_node/dra_test.go, v1.37.2), for any
+DRA driver under test (CAP_DRA; conformance.contract.dra):
+
+`dra-kubelet-restart`: a pod holding a prepared claim keeps running across a graceful and a
+crash kubelet restart (same container, no restart, its guest counting: "must keep pod running
+during kubelet restart"); the restarted kubelet wipes the node's ResourceSlices at start
+(pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go NewDRAPluginManager -> wipeResourceSlices) and
+the driver must publish its devices again after its re-registration, or nothing new is ever
+scheduled on the node ("must be possible to restart the kubelet ... ResourceSlices republished").
+
+`dra-pod-while-kubelet-down`: a pod created and allocated while the kubelet is down runs once the
+kubelet is back ("must process pod created when kubelet is not running").
+
+`dra-prepare-retried`: NodePrepareResources that fails (the claim's CDI spec cannot be written:
+read-only CDI storage) is retried by the kubelet, also across a kubelet restart, and the pod runs
+once the driver can prepare ("must retry NodePrepareResources after a kubelet restart").
+
+`dra-no-spec-left`: once a pod is gone the kubelet unprepares its claim and the driver leaves no
+CDI spec behind ("must unprepare resources for deleted pod"; a stale spec names a claim nobody
+holds and its device IDs, read by every later container creation).
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from conformance.contract.dra import CAP_DRA, DraNode
+from conformance.contract.node import CAP_KUBELET_CRASH, CAP_READ_ONLY, Node, PodView, require
+from conformance.contract.results import Recorder
+from conformance.contract.wait import wait_for
+from conformance.scenarios.common import (
+    FAULT_TIMEOUT_S,
+    RECOVERY_TIMEOUT_S,
+    fresh_guest,
+    wait_ready,
+)
+
+RUNNING = "Running"
+COUNTING_S = 30.0
+
+
+def _dra(node: Node, *caps: str) -> DraNode:
+    require(node, CAP_DRA, *caps)
+    return cast(DraNode, node)
+
+
+def _running(node: DraNode, name: str, label: str, timeout: float = RECOVERY_TIMEOUT_S) -> PodView:
+    def running() -> PodView | None:
+        pod = node.pod_named(name)
+        assert pod is not None, f"pod {name} is gone ({label})"
+        assert pod.phase not in ("Failed", "Succeeded"), (
+            f"pod {name} ended {pod.phase} {pod.reason}: {pod.message} ({label})"
+        )
+        return pod if pod.phase == RUNNING and pod.container_id else None
+
+    return wait_for(running, timeout, f"pod {name} running ({label})", interval=0.2)
+
+
+def _counting(node: DraNode, pod: PodView, label: str) -> None:
+    seen = node.pod_counter(pod.uid)
+    wait_for(lambda: node.pod_counter(pod.uid) > seen + 2, COUNTING_S,
+             f"the guest of pod {pod.name} counting ({label})", interval=0.1)  # fmt: skip
+
+
+def _republished(node: DraNode, rec: Recorder, before: set[str], back: float, label: str) -> None:
+    """The kubelet's start-up wipe seen (the old slices gone), then the driver's devices
+    published again, untainted; republish_<label>_s from the kubelet's start."""
+    wait_for(lambda: not before & {s.uid for s in node.slices()}, FAULT_TIMEOUT_S,
+             f"the kubelet's start-up wipe of the node's ResourceSlices ({label})")  # fmt: skip
+
+    def published() -> bool:
+        fresh = [s for s in node.slices() if s.uid not in before]
+        return sum(s.devices - s.tainted for s in fresh) > 0
+
+    wait_for(published, RECOVERY_TIMEOUT_S,
+             f"the driver's ResourceSlice published again after the wipe ({label})")  # fmt: skip
+    rec.metric(f"republish_{label}_s", rec.event(f"slice republished ({label})") - back)
+
+
+def kubelet_restart(node: Node, rec: Recorder) -> None:
+    dra = _dra(node)
+    wait_ready(dra, rec, "before kubelet restarts")
+    pod = dra.start_pod()
+    assert pod.phase == RUNNING, f"pod refused before any fault: {pod.reason} {pod.message}"
+    _counting(dra, pod, "before kubelet restarts")
+    kinds = [True, False] if CAP_KUBELET_CRASH in dra.capabilities else [True]
+    for graceful in kinds:
+        label = "graceful" if graceful else "crash"
+        before = {s.uid for s in dra.slices()}
+        dra.stop_kubelet(graceful)
+        back = dra.start_kubelet()
+        rec.event(f"kubelet back after {label} restart", back)
+        _republished(dra, rec, before, back, label)
+        now = dra.pod_named(pod.name)
+        assert now is not None and now.uid == pod.uid, f"pod {pod.name} replaced ({label})"
+        assert now.container_id == pod.container_id and now.restart_count == 0, (
+            f"pod {pod.name}'s container was restarted across the {label} kubelet restart"
+        )
+        _counting(dra, pod, f"after {label} kubelet restart")
+    fresh_guest(dra, rec, "kubelet restarts")
+
+
+def pod_while_kubelet_down(node: Node, rec: Recorder) -> None:
+    dra = _dra(node)
+    wait_ready(dra, rec, "before kubelet stop")
+    dra.stop_kubelet(True)
+    rec.event("kubelet stopped")
+    try:
+        name = dra.submit_pod()
+        rec.event(f"pod {name} created while the kubelet is down")
+    finally:
+        back = dra.start_kubelet()
+    rec.event("kubelet started", back)
+    pod = _running(dra, name, "created while the kubelet was down")
+    rec.metric("running_s", rec.event("pod running") - back)
+    _counting(dra, pod, "created while the kubelet was down")
+
+
+def prepare_retried(node: Node, rec: Recorder) -> None:
+    dra = _dra(node, CAP_READ_ONLY)
+    wait_ready(dra, rec, "before fault")
+    # Allocated by the scheduler while nothing is wrong (the kubelet down, so nothing is
+    # prepared yet); then the claim's spec cannot be written when the kubelet asks.
+    dra.stop_kubelet(True)
+    try:
+        name = dra.submit_pod()
+        wait_for(lambda: dra.pod_scheduled(name), FAULT_TIMEOUT_S,
+                 f"pod {name} scheduled (its claim allocated) while the kubelet is down")  # fmt: skip
+        dra.set_storage_read_only("cdi", True)
+        rec.event("read-only CDI storage")
+    finally:
+        back = dra.start_kubelet()
+    try:
+        wait_for(lambda: dra.prepare_failures(name) > 0, RECOVERY_TIMEOUT_S,
+                 f"a failed NodePrepareResources for pod {name} (read-only CDI storage)")  # fmt: skip
+        rec.metric("first_failure_s", rec.event("NodePrepareResources failed") - back)
+        failures = dra.prepare_failures(name)
+        dra.stop_kubelet(False)
+        dra.start_kubelet()
+        rec.event("kubelet restarted while the prepare fails")
+        wait_for(lambda: dra.prepare_failures(name) > failures, RECOVERY_TIMEOUT_S,
+                 "NodePrepareResources retried after the kubelet restart")  # fmt: skip
+        pod = dra.pod_named(name)
+        assert pod is not None and pod.phase != RUNNING, "the pod ran without its claim prepared"
+    finally:
+        dra.set_storage_read_only("cdi", False)
+    t1 = rec.event("storage writable again")
+    pod = _running(dra, name, "after the storage was restored")
+    rec.metric("recovery_s", rec.event("pod running") - t1)
+    _counting(dra, pod, "after NodePrepareResources succeeded")
+
+
+def no_spec_left(node: Node, rec: Recorder) -> None:
+    dra = _dra(node)
+    wait_ready(dra, rec, "before the pod")
+    before = set(dra.list_files("cdi"))
+    pod = dra.start_pod()
+    assert pod.phase == RUNNING, f"pod refused: {pod.reason} {pod.message}"
+    made = wait_for(lambda: set(dra.list_files("cdi")) - before or None, FAULT_TIMEOUT_S,
+                    "the claim's CDI spec while the pod runs")  # fmt: skip
+    rec.note(f"CDI files of the pod's claim: {sorted(made)}")
+    dra.delete_pod(pod.uid)
+    t0 = rec.event("pod deleted")
+    wait_for(lambda: not (set(dra.list_files("cdi")) - before), RECOVERY_TIMEOUT_S,
+             "no CDI spec left after the claim's unprepare")  # fmt: skip
+    rec.metric("unprepared_s", rec.event("no CDI spec left") - t0)

@@ -1,0 +1,276 @@
+"""The node target with a DRA driver under test (the profile's `dra` section).
+
+The same real kubelet, API server, scheduler and containerd, and the same sandbox as a device
+plugin gets; what differs is what a DRA driver needs, each given as its chart's DaemonSet would:
+- the kubelet's plugin watcher dir and the driver's own plugin dir bound where the profile says
+  it looks (the CDI dir and host-device view as for a device plugin);
+- credentials of its own: a client certificate for the user `hv-dra-driver`, bound by RBAC to a
+  DRA driver's rules only (claims: get; ResourceSlices: get, list, watch, create, update,
+  delete), filled into the profile's placeholders with the node's name;
+- the API server inside its network namespace, through `api_relay` (TLS end to end);
+- the DeviceClass pods ask for: the profile's manifest, or one that selects every device of the
+  driver and maps the profile's extended resource to it (KEP-5004).
+Workload pods are scheduled (the scheduler allocates their claims). The catalogue's
+observations mean here what conformance.contract.dra says. Everything made is deleted at the
+end: the DeviceClass, the RBAC objects, the driver's ResourceSlices on this node, its plugin dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from conformance.contract.dra import CAP_DRA, SliceView
+from conformance.contract.node import (
+    CAP_DEVICE_LATE,
+    CAP_NODE_REBOOT,
+    CAP_POD_DEVICE_HEALTH,
+    CAP_READ_STORM,
+    CAP_SOCKET_REDIRECT,
+    CAP_STREAM_END,
+    PodView,
+)
+from conformance.contract.plugin import PluginUnderTest
+from conformance.contract.results import EnvironmentBlocked
+from conformance.targets.local.sandbox import PluginSandbox
+from conformance.targets.realnode import API_PORT, KUBELET_ROOT, NODE_NAME, procs, stack
+from conformance.targets.realnode.api_relay import ApiRelay
+from conformance.targets.realnode.configs import NAMESPACE, PKI
+from conformance.targets.realnode.kubeapi import ApiError
+from conformance.targets.realnode.node import RealNode
+from conformance.targets.realnode.pki import ensure_client, kubeconfig
+from conformance.targets.realnode.pods import PODS, _view
+from conformance.targets.realnode.reboot import kubelet_sock_made
+from plugin.api.dra_wire import RESOURCE_API
+
+RESOURCE = f"/apis/{RESOURCE_API}"
+RBAC = "/apis/rbac.authorization.k8s.io/v1"
+DRIVER_USER = "hv-dra-driver"
+# What a device plugin's node does that a DRA driver's does not have: the kubelet.sock socket
+# dir and the ListAndWatch stream, the device checkpoint of a reboot, a read storm of the one
+# spec during Allocate, health in pod status for the extended-resource path (v1.37.2 reports
+# none there: manager.go skips containers without resources.claims).
+_DEVICE_PLUGIN_ONLY = frozenset({CAP_SOCKET_REDIRECT, CAP_STREAM_END, CAP_NODE_REBOOT,
+                                 CAP_DEVICE_LATE, CAP_POD_DEVICE_HEALTH, CAP_READ_STORM})  # fmt: skip
+_BLOCKING = ("NoSchedule", "NoExecute")
+
+
+def _rbac(driver: str) -> list[tuple[str, dict[str, Any]]]:
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": DRIVER_USER},
+            "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
+                       "verbs": ["get"]},
+                      {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+                       "verbs": ["get", "list", "watch", "create", "update", "delete"]}]}  # fmt: skip
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": DRIVER_USER},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                           "name": DRIVER_USER},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                             "name": DRIVER_USER}]}  # fmt: skip
+    return [(f"{RBAC}/clusterroles", role), (f"{RBAC}/clusterrolebindings", binding)]
+
+
+class RealDraNode(RealNode):
+    def __init__(self, *, out_dir: Path, worker: str, plugin: PluginUnderTest) -> None:
+        super().__init__(out_dir=out_dir, worker=worker, plugin=plugin)
+        assert plugin.dra is not None, "a DRA node runs a DRA driver"
+        self.dra = plugin.dra
+        self.capabilities = (self.capabilities - _DEVICE_PLUGIN_ONLY) | {CAP_DRA}
+        self._relay: ApiRelay | None = None
+        self._made: list[str] = []  # API paths of the objects made here, deleted at the end
+        self._registry = KUBELET_ROOT / "plugins_registry"
+        self._endpoint_dir = Path(self.dra.endpoint_dir)
+
+    # -- around the plugin ----------------------------------------------------------------
+
+    def _before_plugin(self) -> None:
+        if not self._endpoint_dir.is_relative_to(KUBELET_ROOT / "plugins"):
+            raise EnvironmentBlocked(
+                f"dra.pluginDir {self._endpoint_dir}: the kubelet here dials driver endpoints "
+                f"below {KUBELET_ROOT / 'plugins'} (its own path, as a hostPath gives it)"
+            )
+        ensure_client(PKI, DRIVER_USER, f"/O={DRIVER_USER}/CN={DRIVER_USER}")
+        for path, body in _rbac(self.dra.driver):
+            self._make(path, body)
+        self._make(f"{RESOURCE}/deviceclasses", self._device_class())
+        self._registry.mkdir(parents=True, exist_ok=True)
+        if not self._endpoint_dir.exists():
+            self.ledger.record("dir", str(self._endpoint_dir), "the DRA driver's plugin dir")
+            self._endpoint_dir.mkdir(parents=True)
+
+    def _after_plugin(self) -> None:
+        self._delete_slices()
+        for path in reversed(self._made):
+            with contextlib.suppress(ApiError):
+                self._api().request("DELETE", path)
+        self._made.clear()
+        shutil.rmtree(self._endpoint_dir, ignore_errors=True)
+
+    def _make(self, collection: str, body: dict[str, Any]) -> None:
+        path = f"{collection}/{body['metadata']['name']}"
+        with contextlib.suppress(ApiError):  # a leftover of a killed run: made again here
+            self._api().request("DELETE", path)
+        self._api().request("POST", collection, body)
+        self._made.append(path)
+
+    def _device_class(self) -> dict[str, Any]:
+        if self.dra.device_class:
+            docs = [d for d in yaml.safe_load_all(Path(self.dra.device_class).read_text()) if d]
+            klass = [d for d in docs if d.get("kind") == "DeviceClass"]
+            if len(klass) != 1:
+                raise EnvironmentBlocked(f"dra.deviceClass {self.dra.device_class}: want one "
+                                         "DeviceClass")  # fmt: skip
+            return dict(klass[0])
+        return {"apiVersion": RESOURCE_API, "kind": "DeviceClass",
+                "metadata": {"name": self.dra.driver},
+                "spec": {"selectors": [{"cel": {
+                    "expression": f'device.driver == "{self.dra.driver}"'}}],
+                         "extendedResourceName": self.dra.extended_resource}}  # fmt: skip
+
+    def _binds(self, sockets: Path) -> list[tuple[str, str]]:
+        paths = self.plugin.paths
+        binds = [(str(self._registry), self.dra.registration_dir),
+                 (str(self._endpoint_dir), self.dra.endpoint_dir),
+                 (str(self.dirs["cdi"]), paths.cdi_dir)]  # fmt: skip
+        if paths.host_dev_dir:
+            binds.append((str(self.dirs["host_dev"]), paths.host_dev_dir))
+        return binds
+
+    def _facts(self) -> dict[str, str]:
+        config = self.state / "dra-driver.kubeconfig"
+        if not config.exists():
+            kubeconfig(PKI, DRIVER_USER, config)
+        return {
+            "node_name": NODE_NAME,
+            "kube_api_server": f"https://127.0.0.1:{API_PORT}",
+            "kube_ca_file": str(PKI / "ca.crt"),
+            "kube_client_cert": str(PKI / f"{DRIVER_USER}.crt"),
+            "kube_client_key": str(PKI / f"{DRIVER_USER}.key"),
+            "kubeconfig": str(config),
+        }
+
+    def _before_start(self, sandbox: PluginSandbox) -> None:
+        sandbox.make_netns()
+        assert sandbox.netns is not None
+        self._relay = ApiRelay(sandbox.netns.path, API_PORT)
+
+    def _stop_plugin(self) -> None:
+        # first: its listening socket would keep the sandbox's namespace alive
+        if self._relay is not None:
+            left = self._relay.close()
+            self._relay = None
+            assert not left, "; ".join(left)
+        super()._stop_plugin()
+
+    # -- observations -----------------------------------------------------------------------
+
+    def slices(self) -> list[SliceView]:
+        items = self._api().get(f"{RESOURCE}/resourceslices")["items"]
+        views = []
+        for item in items:
+            spec = item.get("spec", {})
+            if spec.get("driver") != self.dra.driver or spec.get("nodeName") != NODE_NAME:
+                continue
+            devices = spec.get("devices") or []
+            tainted = sum(
+                1 for d in devices
+                if any(t.get("effect") in _BLOCKING for t in d.get("taints") or [])
+            )  # fmt: skip
+            views.append(SliceView(item["metadata"]["uid"], len(devices), tainted))
+        return views
+
+    def capacity(self) -> int:
+        return sum(s.devices for s in self.slices())
+
+    def allocatable(self) -> int:
+        return sum(s.devices - s.tainted for s in self.slices())
+
+    def _delete_slices(self) -> None:
+        for item in self._api().get(f"{RESOURCE}/resourceslices")["items"]:
+            spec = item.get("spec", {})
+            if spec.get("driver") == self.dra.driver and spec.get("nodeName") == NODE_NAME:
+                with contextlib.suppress(ApiError):
+                    self._api().request(
+                        "DELETE", f"{RESOURCE}/resourceslices/{item['metadata']['name']}"
+                    )
+
+    def last_registration_at(self) -> float | None:
+        """When the kubelet's plugin watcher last started registering a driver socket."""
+        from conformance.targets.realnode.events import klog_monotonic
+
+        last = None
+        for line in procs.log_tail("kubelet", 5000).splitlines():
+            if "OperationExecutor.RegisterPlugin started" in line and str(self._registry) in line:
+                last = klog_monotonic(line) or last
+        return last
+
+    # -- pods ---------------------------------------------------------------------------------
+
+    def _placed(self, pod: dict[str, Any]) -> dict[str, Any]:
+        pod["spec"].pop("nodeName", None)
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": NODE_NAME}
+        return pod
+
+    def _allocation_settled(self, name: str) -> tuple[dict[str, Any], str, str] | None:
+        settled = super()._allocation_settled(name)
+        if settled is not None:
+            return settled
+        pod = self._pod(name)
+        if pod is None:
+            return None
+        for cond in pod.get("status", {}).get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+                return pod, "Unschedulable", str(cond.get("message", ""))
+        failed = self._prepare_events(name)
+        if failed:
+            return pod, "FailedPrepareDynamicResources", failed[-1]
+        return None
+
+    def _prepare_events(self, name: str) -> list[str]:
+        path = (f"/api/v1/namespaces/{NAMESPACE}/events?fieldSelector="
+                f"involvedObject.name%3D{name},reason%3DFailedPrepareDynamicResources")  # fmt: skip
+        items = self._api().get(path)["items"]
+        out: list[str] = []
+        for ev in items:
+            out += [str(ev.get("message", ""))] * max(1, int(ev.get("count") or 1))
+        return out
+
+    def prepare_failures(self, name: str) -> int:
+        return len(self._prepare_events(name))
+
+    def submit_pod(self) -> str:
+        name = f"hv-pod-{int(time.time() * 1000) % 10**8:08d}"
+        self._api().request("POST", PODS, self._workload_spec(name, ""))
+        return name
+
+    def pod_named(self, name: str) -> PodView | None:
+        pod = self._pod(name)
+        if pod is not None:
+            self._pod_uids[name] = pod["metadata"]["uid"]
+        return None if pod is None else _view(pod)
+
+    def pod_scheduled(self, name: str) -> bool:
+        pod = self._pod(name)
+        return bool(pod and pod.get("spec", {}).get("nodeName"))
+
+    # -- the kubelet ----------------------------------------------------------------------------
+
+    def stop_kubelet(self, graceful: bool) -> None:
+        kubelet = procs.recorded("kubelet")
+        assert kubelet is not None
+        self._stopped_wall = time.time()
+        self.touched()
+        kubelet.stop(sig=signal.SIGTERM if graceful else signal.SIGKILL)
+
+    def start_kubelet(self) -> float:
+        stack.start_kubelet(self.api)
+        return kubelet_sock_made(self._stopped_wall)
+
+    _stopped_wall = 0.0

@@ -1,0 +1,23 @@
+"""The `node` target's registry entry: the plugin under test as its profile describes it, a
+device plugin (node.RealNode) or a DRA driver (dra_node.RealDraNode)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from conformance.contract.base import set_up
+from conformance.contract.runcontext import RunContext
+from conformance.targets.realnode.dra_node import RealDraNode
+from conformance.targets.realnode.node import RealNode
+
+
+@contextmanager
+def open_node(
+    ctx: RunContext, *, worker: str, metadata: object | None = None
+) -> Iterator[RealNode]:
+    node = (RealDraNode if ctx.plugin.dra is not None else RealNode)(
+        out_dir=ctx.out, worker=worker, plugin=ctx.plugin
+    )
+    with set_up(node) as up:
+        yield up
