@@ -19,13 +19,18 @@ from plugin.api.names import default_guest_image
 
 def build_parser(cmd_run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
     """hvconform's parser; `cmd_run` runs `hvconform run` (conformance.cli)."""
-    checks = "\n".join(f"  {c.id:<22} -m {c.marker:<13} {c.title}" for c in (*CATALOGUE, CLEANUP))
+    checks = "\n".join(
+        f"  {c.id:<26} -m {c.marker:<13} {'+'.join(c.apis):<17} {c.title}"
+        for c in (*CATALOGUE, CLEANUP)
+    )
     parser: argparse.ArgumentParser = inputs.OneLineParser(
         prog="hvconform",
-        description="Conformance suite for Kubernetes hypervisor device plugins (v1beta1).",
+        description="Conformance suite for Kubernetes hypervisor device plugins (v1beta1) and "
+        "DRA drivers: each check judges the API it names (deviceplugin, dra or both).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"checks:\n{checks}\n\nexamples:\n  hvconform run\n  hvconform run -m cdi -n 2\n"
-        "  hvconform run --plugin-cmd 'python -m my_plugin --flag'\n",
+        "  hvconform run --plugin-cmd 'python -m my_plugin --flag'\n"
+        "  hvconform run --target node --plugin-profile conformance/profiles/hv-dra-driver.yaml\n",
     )
     parser.add_argument("--version", action=inputs.VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -6,17 +6,29 @@ from typing import Any
 
 import pytest
 
+from conformance.contract import runcontext
 from conformance.scenarios import CATALOGUE
 
 
+def _plugin_api() -> str | None:
+    """The API of this run's plugin under test (None outside a run: every check)."""
+    try:
+        return runcontext.current().plugin.api
+    except RuntimeError:
+        return None
+
+
 def check_params(ids: set[str], include: bool) -> list[Any]:
-    """Checks whose id is (include=True) or is not (include=False) in ids, in catalogue order."""
+    """Checks whose id is (include=True) or is not (include=False) in ids, in catalogue order;
+    in a run, only those judging the API its plugin speaks (a device plugin's run lists no DRA
+    check, a driver's no check of the device plugin API: each check says which API it judges)."""
+    api = _plugin_api()
     return [
         pytest.param(
             c.id, id=c.id, marks=[getattr(pytest.mark, c.marker), pytest.mark.check_id(c.id)]
         )
         for c in CATALOGUE
-        if (c.id in ids) == include
+        if (c.id in ids) == include and (api is None or api in c.apis)
     ]
 
 
