@@ -28,6 +28,7 @@ from conformance.bench.versus import side_by_side
 from conformance.bench.waits import FULL, QUICK, Plan
 from conformance.contract.args import OneLineParser, output_problem
 from conformance.contract.plugin import PluginUnderTest, ProfileError, load_profile
+from conformance.contract.safeyaml import excerpt
 from conformance.contract.strict_json import one_line
 from conformance.kubelet import LoopThread
 
@@ -105,7 +106,8 @@ def runner(ns: argparse.Namespace) -> int:
             return 2
         problem = _command_problem(versus)
         if problem:
-            print(f"hvconform bench: --versus {ns.versus}: {problem}", file=sys.stderr)
+            print(f"hvconform bench: --versus {excerpt(ns.versus, 200)}: {one_line(problem)}",
+                  file=sys.stderr)  # fmt: skip
             return 2
     if os.geteuid() != 0 or not Path("/dev/kvm").exists():
         print("hvconform bench: needs root (mknod, tmpfs mounts) and /dev/kvm", file=sys.stderr)
@@ -214,7 +216,8 @@ def _command_problem(plugin: PluginUnderTest) -> str:
         return ""  # found on PATH by the launcher, which says so if it is not
     if not program.is_file() or not os.access(program, os.X_OK):
         return (
-            f"command {program} is not an executable file (a fixture? ./dev nox -s fixture-plugins)"
+            f"command {excerpt(str(program), 200)} is not an executable file "
+            "(a fixture? ./dev nox -s fixture-plugins)"
         )
     return ""
 

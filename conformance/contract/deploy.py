@@ -20,6 +20,7 @@ from typing import Any
 
 from conformance.contract.errors import ProfileError
 from conformance.contract.profile_rules import known_keys
+from conformance.contract.safeyaml import excerpt
 
 # distribution/reference's grammar without IPv6 registry hosts: a tag or a digest is required.
 _DOMAIN = (
@@ -197,7 +198,7 @@ def parse_deploy(value: Any, where: str, base: Path) -> Deploy | None:
     known_keys(value, _DEPLOY_KEYS, where)
     image = value.get("image")
     if not isinstance(image, str):
-        raise ProfileError(f"{where}.image: want an image reference, got {image!r:.60}")
+        raise ProfileError(f"{where}.image: want an image reference, got {excerpt(image)}")
     problem = image_problem(image)
     if problem:
         raise ProfileError(f"{where}.image: {problem}")

@@ -41,7 +41,9 @@ MAX_TEXT = 4096
 
 
 def text(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value or "\x00" in value or len(value) > MAX_TEXT:
+    if isinstance(value, str) and len(value) > MAX_TEXT:
+        raise ProfileError(f"{where}: longer than {MAX_TEXT} characters: {excerpt(value)}")
+    if not isinstance(value, str) or not value or "\x00" in value:
         raise ProfileError(f"{where}: want a non-empty string, got {excerpt(value)}")
     return value
 
@@ -104,15 +106,27 @@ def env_map(value: Any, where: str) -> dict[str, str]:
 def _http_url(url: str, where: str) -> str:
     if not url.startswith("http://"):
         raise ProfileError(f"{where}: want an http:// URL template, got {excerpt(url)}")
-    authority = url[len("http://") :].split("/", 1)[0]
+    authority = url[len("http://") :].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
     if authority == "{health_addr}":
+        return url
+    # {health_host} only as the whole host (before a port): with userinfo
+    # ("{health_host}@10.0.0.1") or a suffix ("{health_host}.example.com") it would send the
+    # probe elsewhere once filled.
+    if "@" in authority or ("{health_host}" in authority and not re.fullmatch(
+        r"\{health_host\}(:(\d{1,5}|\{health_port\}))?", authority
+    )):  # fmt: skip
+        raise ProfileError(
+            f"{where}: the probe must stay on the plugin's own address ({{health_addr}}) or "
+            f"loopback, got {excerpt(authority)}"
+        )
+    if authority.startswith("{health_host}"):
         return url
     try:
         host = urlsplit("http://" + authority.replace("{health_port}", "1")).hostname or ""
     except ValueError:  # an unbalanced IPv6 bracket, say
         raise ProfileError(f"{where}: not a URL: {excerpt(url)}") from None
     host = f"[{host}]" if ":" in host else host
-    if host not in LOOPBACK_HOSTS and not authority.startswith("{health_host}"):
+    if host not in LOOPBACK_HOSTS:
         raise ProfileError(
             f"{where}: the probe must stay on the plugin's own address ({{health_addr}}) or "
             f"loopback, got host {excerpt(host)}"

@@ -28,6 +28,8 @@ class UnsafeInput(ValueError):
 
 def excerpt(value: object, limit: int = 40) -> str:
     """`value` as a short, escaped, single-line quote for an error message."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return f"<an integer of {value.bit_length()} bits>"  # repr() of it could raise
     text = value if isinstance(value, str) else repr(value)
     cut = text[:limit]
     escaped = cut.encode("unicode_escape", "backslashreplace").decode("ascii").replace("'", "\\'")
@@ -78,7 +80,8 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
     def construct_yaml_int(self, node: Any) -> Any:
-        digits = sum(c.isdigit() for c in str(node.value))
+        # every digit of any base counts (0x..., 0o..., 1_000): a hex literal is no smaller
+        digits = sum(c.isalnum() for c in str(node.value))
         if digits > MAX_INT_DIGITS:
             raise yaml.YAMLError(
                 f"line {node.start_mark.line + 1}: an integer of more than {MAX_INT_DIGITS} digits"

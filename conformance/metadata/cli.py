@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from conformance.contract.args import OneLineParser
+from conformance.contract.safewrite import write_atomic
 from conformance.contract.strict_json import JsonInputError, decode, one_line
 from conformance.metadata.rules import (
     SNAPSHOT_MAX_BYTES,
@@ -65,7 +66,7 @@ def run_snapshot(ns: argparse.Namespace) -> int:
         if ns.out == "-":
             sys.stdout.write(text)
         else:
-            Path(ns.out).write_text(text)
+            write_atomic(Path(ns.out), text)  # never through a symlink planted at the name
     except (MetadataInputError, OSError) as exc:
         message = f"error: snapshot of {ns.device} to {ns.out} failed: {exc}"
         print(one_line(message, limit=2000), file=sys.stderr)

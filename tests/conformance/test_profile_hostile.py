@@ -103,7 +103,24 @@ def test_an_alias_bomb_is_refused_in_bounded_time(tmp_path: Path) -> None:
         ),
         ("command: [x]\nresource: kubernetes.io/x\n", "extended resource name"),
         ("command: [x]\nresource: Example.com/x\n", "extended resource name"),
-        ("command: [x]\nresource: example.com/" + "x" * 10000 + "\n", "non-empty string"),
+        ("command: [x]\nresource: example.com/" + "x" * 10000 + "\n", "longer than 4096"),
+        # round three (found by the review of round two): a hex literal is no smaller, the
+        # probe's host is the whole host, alias bombs anywhere
+        ("command: [x]\nresource: 0x" + "f" * 6000 + "\n", "more than 18 digits"),
+        ("command: [x]\nname: 0x" + "f" * 6000 + "\n", "more than 18 digits"),
+        ("command: [x]\ndeploy: {image: 0x" + "f" * 6000 + "}\n", "more than 18 digits"),
+        (
+            "command: [x]\nreadiness: {type: http, url: 'http://{health_host}@10.0.0.1:80/r'}\n",
+            "loopback",
+        ),
+        (
+            "command: [x]\nreadiness: {type: http, url: 'http://{health_host}.example.com/r'}\n",
+            "loopback",
+        ),
+        ("command: [x]\nreadiness: {type: http, url: 'http://127.0.0.1@10.0.0.1/r'}\n", "loopback"),
+        ('a: &a ["x","x"]\nb: &b [*a,*a]\ncommand: [x]\nname: *b\n', "aliases are not allowed"),
+        ('a: &a "http"\ncommand: [x]\nreadiness: {type: *a}\n', "aliases are not allowed"),
+        ("command: [x]\nenv: {A: 1, A: 2}\n", "duplicate key 'A'"),
         ("root:$y$j9T$secret:19000:0:99999:7:::\n", "no 'command' key"),
     ],
 )
@@ -115,6 +132,51 @@ def test_each_reproduction_is_refused_with_one_line(
         return
     line = refused(run(write(tmp_path, text), tmp_path), tmp_path)
     assert needle in line, line
+
+
+def test_the_bench_refuses_the_same_inputs_in_one_line(tmp_path: Path) -> None:
+    """`bench --versus` reads profiles through the same loader; its own lines are escaped too
+    (a command or a profile path with a newline and an escape)."""
+    odd = tmp_path / "ok\n\x1b[31m.yaml"
+    odd.write_text('command: ["/no\\nsuch\\u001b[31mplugin"]\n')
+    for profile in (odd, write(tmp_path, "command: [x]\nresource: 0x" + "f" * 6000 + "\n")):
+        proc = subprocess.run(
+            [*HVCONFORM, "bench", "--versus", str(profile), "--out", str(tmp_path / "reports")],
+            capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        )  # fmt: skip
+        refused(proc, tmp_path)
+
+
+def test_a_probe_redirect_is_not_followed(tmp_path: Path) -> None:
+    """An http probe answered by a redirect reads as not healthy: the redirect could point off
+    the plugin's own address."""
+    import http.server
+    import threading
+
+    from conformance.contract.plugin import Probe
+    from conformance.targets.local.observe import Observer
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", "http://10.0.0.1/readyz")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        plugin = load_profile(write(tmp_path, "command: [x]\n"))
+        probe = Probe("http", "http://{health_addr}/readyz")
+        addr = f"127.0.0.1:{server.server_address[1]}"
+        ready = Observer(plugin, probe, health_addr=lambda: addr, socket=lambda: None,
+                         pid=lambda: 0)  # fmt: skip
+        assert ready() is False
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_symlink_to_a_secret_never_prints_it(tmp_path: Path) -> None:

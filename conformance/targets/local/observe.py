@@ -19,7 +19,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conformance.contract.plugin import PluginUnderTest, Probe
 
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A probe answers itself: a redirect is not followed (it could point off the plugin's own
+    address, which the profile rules keep the probe on), it reads as not healthy."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 PROBE_TIMEOUT_S = 2.0
 
 
