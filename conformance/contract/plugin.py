@@ -46,6 +46,8 @@ from conformance.contract.safeyaml import UnsafeInput, excerpt, load_strict, rea
 from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
 
 SHIPPED = Path(__file__).resolve().parent.parent / "profiles" / "hv-device-plugin.yaml"
+# This repository's plugin in its DRA mode (`--mode dra`), a DRA driver's profile.
+SHIPPED_DRA = SHIPPED.with_name("hv-dra-driver.yaml")
 # Placeholders a command, an env value or a probe may use; each is filled by the target.
 PLACEHOLDERS = ("python", "profile_dir", "health_addr", "health_host", "health_port",
                 *DRA_PLACEHOLDERS)  # fmt: skip

@@ -91,7 +91,10 @@ def rollout_safety(node: Node, rec: Recorder) -> None:
     allocatable returns to capacity."""
     require(node, CAP_ROLLOUT)
     wait_ready(node, rec, "before rollout")
-    capacity = node.capacity()
+    # Ready means allocatable > 0, so capacity is too: a 0 is a Node status written before the
+    # plugin re-registered (the kubelet posts one at every restart, kept up to its 10 s status
+    # period on a cluster), and waiting for allocatable to get back to it would never end.
+    capacity = wait_for(node.capacity, RECOVERY_TIMEOUT_S, "capacity > 0 before the rollout", 0.2)
     guest = node.session_guest if CAP_LONG_GUEST in node.capabilities else None
     counter_before = node.long_guest_counter(guest) if guest else 0
     t0 = rec.event("rollout started")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.contract import hostfacts
-from conformance.contract.plugin import SHIPPED, PluginUnderTest, load_profile
+from conformance.contract.plugin import SHIPPED, SHIPPED_DRA, PluginUnderTest, load_profile
 from conformance.suite import preflight as preconditions
 from conformance.targets import UnknownTarget, preflight
 from plugin.api.names import installed_version
@@ -57,9 +57,13 @@ def source_commit() -> str:
 
 
 def ours(plugin: PluginUnderTest) -> bool:
-    """The plugin under test is this repository's: the shipped profile's plugin and command."""
-    shipped = load_profile(SHIPPED)
-    return plugin.name == shipped.name and plugin.command == shipped.command
+    """The plugin under test is this repository's: a shipped profile's plugin and command (the
+    device plugin's, or the DRA driver's)."""
+    for path in (SHIPPED, SHIPPED_DRA):
+        shipped = load_profile(path)
+        if plugin.name == shipped.name and plugin.command == shipped.command:
+            return True
+    return False
 
 
 def plugin_version(plugin: PluginUnderTest) -> str:

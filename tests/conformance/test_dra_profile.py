@@ -10,12 +10,9 @@ import pytest
 
 from conformance.contract.dra import CAP_DRA, plugin_api
 from conformance.contract.dra_profile import API_DEVICE_PLUGIN, API_DRA
-from conformance.contract.plugin import PluginUnderTest, ProfileError, load_profile
+from conformance.contract.plugin import SHIPPED_DRA, PluginUnderTest, ProfileError, load_profile
 from conformance.scenarios import BY_ID, CATALOGUE, readme_table
 from conformance.targets.honour import refusal
-
-ROOT = Path(__file__).resolve().parents[2]
-SHIPPED_DRA = ROOT / "conformance" / "profiles" / "hv-dra-driver.yaml"
 
 
 def _write(tmp_path: Path, dra: str) -> Path:

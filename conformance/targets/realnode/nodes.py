@@ -180,6 +180,11 @@ def _cni(node: NodeLayout) -> None:
 def _spec(node: NodeLayout) -> Path:
     """What the node init needs: mounts, the containerd and kubelet command lines."""
     (node.state / "kubelet").mkdir(parents=True, exist_ok=True)
+    # Pod logs of its own: a kubelet's container GC removes every /var/log/pods dir of a pod it
+    # does not know (the other nodes' pods, each minute), and its log manager then reopens the
+    # container's log empty: a guest's output, written before, was lost.
+    for logs in ("pods", "containers"):
+        (node.state / "log" / logs).mkdir(parents=True, exist_ok=True)
     (node.run / "manifests").mkdir(parents=True, exist_ok=True)
     containerd_cfg = node.run / "containerd.toml"
     containerd_cfg.write_text(
@@ -217,6 +222,8 @@ def _spec(node: NodeLayout) -> Path:
         "socket": str(node.socket),
         "mounts": [
             ["bind", str(node.state / "kubelet"), "/var/lib/kubelet"],
+            ["bind", str(node.state / "log" / "pods"), "/var/log/pods"],
+            ["bind", str(node.state / "log" / "containers"), "/var/log/containers"],
             ["tmpfs", "4m", str(NODE_CDI)],
             ["bind", str(node.run), SELF],
         ],
