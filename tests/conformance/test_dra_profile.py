@@ -55,7 +55,7 @@ def test_a_resource_other_than_the_extended_resource_is_refused(tmp_path: Path) 
     path = tmp_path / "p.yaml"
     path.write_text('command: ["/bin/d"]\nresource: a.io/y\ndra: {driver: d.io, '
                     "extendedResource: a.io/x}\n")  # fmt: skip
-    with pytest.raises(ProfileError, match="dra.extendedResource"):
+    with pytest.raises(ProfileError, match=r"dra\.extendedResource"):
         load_profile(path)
 
 

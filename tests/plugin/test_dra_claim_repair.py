@@ -101,9 +101,9 @@ def test_the_monitor_repairs_a_claim_spec_on_the_event_and_taints_when_it_cannot
     asyncio.run(main())
 
 
-async def _until(pred: object, what: str, timeout: float = 15.0) -> None:
+async def _until(pred: object, what: str) -> None:
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + 15.0  # 3 periodic re-checks: an event missed is still caught
     while not pred():  # type: ignore[operator]
         assert loop.time() < deadline, f"wait expired: {what}"
         await asyncio.sleep(0.01)
