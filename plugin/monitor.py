@@ -88,9 +88,7 @@ class Monitor:
         # dir -> the one entry in it that matters: the spec, the device in the host's /dev view,
         # and the device node this process opens (a container's own /dev can change too).
         own = Path(cfg.hypervisor_device)
-        self._watched_names: dict[Path, Callable[[str], bool]] = {
-            own.parent: own.name.__eq__
-        }
+        self._watched_names: dict[Path, Callable[[str], bool]] = {own.parent: own.name.__eq__}
         if host is not None:
             self._watched_names[host.parent] = host.name.__eq__
         if reconciler is not None:
