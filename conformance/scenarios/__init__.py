@@ -140,6 +140,11 @@ CLEANUP = Check(
 )
 
 
+def judging(api: str) -> tuple[Check, ...]:
+    """The checks of a run whose plugin speaks `api`, in catalogue order."""
+    return tuple(c for c in CATALOGUE if api in c.apis)
+
+
 def readme_table() -> str:
     """The README's table of checks, generated from the catalogue (a test keeps them equal)."""
     rows = ["| id | marker | level | API | what must hold |", "| --- | --- | --- | --- | --- |"]

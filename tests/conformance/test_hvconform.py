@@ -11,11 +11,16 @@ from typing import Any
 
 import pytest
 
+from conformance.contract.dra_profile import API_DEVICE_PLUGIN
 from conformance.contract.results import validate_results
-from conformance.scenarios import CATALOGUE
+from conformance.scenarios import judging
 
 ROOT = Path(__file__).resolve().parents[2]
-EVERY_CHECK = [c.id for c in CATALOGUE] + ["metadata-two-phase", "plugin-identity", "cleanup"]
+EVERY_CHECK = [c.id for c in judging(API_DEVICE_PLUGIN)] + [
+    "metadata-two-phase",
+    "plugin-identity",
+    "cleanup",
+]
 
 
 def hvconform(tmp_path: Path, *args: str, plugin: str = "") -> tuple[int, dict[str, Any], str]:

@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
+from conformance.contract.dra_profile import API_DEVICE_PLUGIN
 from conformance.contract.plugin import resolve
 from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
 from conformance.contract.results import EnvironmentBlocked, validate_results
-from conformance.scenarios import CATALOGUE
+from conformance.scenarios import judging
 from conformance.suite import identity
 from conformance.targets.cluster.kind import OFFLINE_NODE_IMAGE, KindLifecycle
 from conformance.targets.cluster.run import open_cluster
@@ -151,7 +152,9 @@ def test_a_kind_run_without_its_node_image_is_environment_blocked(tmp_path: Path
     assert proc.returncode == EXIT_ENVIRONMENT_BLOCKED, output[-3000:]
     data = json.loads((out / "results.json").read_text())
     validate_results(data)
-    every = {c.id for c in CATALOGUE} | {"metadata-two-phase", "plugin-identity", "cleanup"}
+    # every check judging a device plugin (this repository's plugin is one)
+    judged = {c.id for c in judging(API_DEVICE_PLUGIN)}
+    every = judged | {"metadata-two-phase", "plugin-identity", "cleanup"}
     assert {c["id"] for c in data["checks"]} == every, output[-2000:]
     assert {c["status"] for c in data["checks"]} == {"environment_blocked"}, data["checks"]
     (line,) = {c["reason"] for c in data["checks"]}
