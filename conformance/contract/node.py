@@ -31,6 +31,9 @@ CAP_ROLLOUT = "rollout"
 # Optional RPCs the plugin declares in GetDevicePluginOptions (csi-sanity asks a driver for its
 # capabilities the same way): the checks of an optional RPC apply only when it is declared.
 CAP_PREFERRED_ALLOCATION = "preferred-allocation"
+# The target reads the plugin's GetDevicePluginOptions answer and sees its GetPreferredAllocation
+# answers (the local target's kubelet emulator does; a real kubelet keeps both to itself).
+CAP_PLUGIN_OPTIONS = "plugin-options"
 CAP_PRE_START = "pre-start-container"
 # The plugin's own health can be observed (its profile names a probe); without it a plugin is
 # judged on what the kubelet sees: health in ListAndWatch, allocatable, Allocate answers.

@@ -8,12 +8,19 @@ not_applicable here, never passed.
 
 from __future__ import annotations
 
-from conformance.contract.node import CAP_PRE_START, CAP_PREFERRED_ALLOCATION, Node
+from conformance.contract.node import (
+    CAP_PLUGIN_OPTIONS,
+    CAP_PRE_START,
+    CAP_PREFERRED_ALLOCATION,
+    Node,
+    require,
+)
 from conformance.contract.results import NotApplicable, Recorder
 from conformance.scenarios.common import fresh_guest, wait_ready
 
 
 def optional_rpcs(node: Node, rec: Recorder) -> None:
+    require(node, CAP_PLUGIN_OPTIONS)  # else what the plugin declares is not known here
     declared = {CAP_PREFERRED_ALLOCATION, CAP_PRE_START} & node.capabilities
     if not declared:
         raise NotApplicable(

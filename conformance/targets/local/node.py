@@ -32,6 +32,7 @@ from conformance.contract.node import (
     CAP_LIVENESS,
     CAP_LONG_GUEST,
     CAP_NODE_REBOOT,
+    CAP_PLUGIN_OPTIONS,
     CAP_PLUGIN_RESTART,
     CAP_POD_DEVICE_HEALTH,
     CAP_PODS,
@@ -172,6 +173,8 @@ class LocalNode(
         wait_for(self._ready_or_dead, SETUP_TIMEOUT_S, "plugin ready at node setup")
         wait_for(lambda: self.allocatable() > 0, SETUP_TIMEOUT_S, "allocatable > 0 at node setup")
         options = self._kubelet().emulator.options(self.resource)
+        if options is not None:
+            self.capabilities |= {CAP_PLUGIN_OPTIONS}
         if options is not None and options.get_preferred_allocation_available:
             self.capabilities |= {CAP_PREFERRED_ALLOCATION}
         if options is not None and options.pre_start_required:
