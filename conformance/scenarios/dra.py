@@ -64,7 +64,8 @@ def _counting(node: DraNode, pod: PodView, label: str) -> None:
 
 def _republished(node: DraNode, rec: Recorder, before: set[str], back: float, label: str) -> None:
     """The kubelet's start-up wipe seen (the old slices gone), then the driver's devices
-    published again, untainted; republish_<label>_s from the kubelet's start."""
+    published again, untainted; republish_<label>_s from the kubelet's start (`back`: its
+    offset on the check's timeline)."""
     wait_for(lambda: not before & {s.uid for s in node.slices()}, FAULT_TIMEOUT_S,
              f"the kubelet's start-up wipe of the node's ResourceSlices ({label})")  # fmt: skip
 
@@ -88,8 +89,7 @@ def kubelet_restart(node: Node, rec: Recorder) -> None:
         label = "graceful" if graceful else "crash"
         before = {s.uid for s in dra.slices()}
         dra.stop_kubelet(graceful)
-        back = dra.start_kubelet()
-        rec.event(f"kubelet back after {label} restart", back)
+        back = rec.event(f"kubelet back after {label} restart", dra.start_kubelet())
         _republished(dra, rec, before, back, label)
         now = dra.pod_named(pod.name)
         assert now is not None and now.uid == pod.uid, f"pod {pod.name} replaced ({label})"
@@ -109,8 +109,7 @@ def pod_while_kubelet_down(node: Node, rec: Recorder) -> None:
         name = dra.submit_pod()
         rec.event(f"pod {name} created while the kubelet is down")
     finally:
-        back = dra.start_kubelet()
-    rec.event("kubelet started", back)
+        back = rec.event("kubelet started", dra.start_kubelet())
     pod = _running(dra, name, "created while the kubelet was down")
     rec.metric("running_s", rec.event("pod running") - back)
     _counting(dra, pod, "created while the kubelet was down")
@@ -129,7 +128,7 @@ def prepare_retried(node: Node, rec: Recorder) -> None:
         dra.set_storage_read_only("cdi", True)
         rec.event("read-only CDI storage")
     finally:
-        back = dra.start_kubelet()
+        back = rec.event("kubelet started", dra.start_kubelet())
     try:
         wait_for(lambda: dra.prepare_failures(name) > 0, RECOVERY_TIMEOUT_S,
                  f"a failed NodePrepareResources for pod {name} (read-only CDI storage)")  # fmt: skip

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from conformance.contract.dra_profile import DRA_PLACEHOLDERS
 from conformance.contract.node import Node
 from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.ran import PluginRan
@@ -33,7 +34,11 @@ DIR = "plugin-ran"
 _WRAPPERS = frozenset(
     {"env", "nice", "ionice", "setpriv", "stdbuf", "taskset", "chrt", "tini", "dumb-init"}
 )
-_HEALTH = re.compile(r"\{health_(?:addr|host|port)\}")
+# What the target fills (it picks them): the health address, a DRA driver's node name and
+# credentials. Anything there is accepted; every other character of the argv must match.
+_HEALTH = re.compile(
+    r"\{(?:health_addr|health_host|health_port|" + "|".join(DRA_PLACEHOLDERS) + r")\}"
+)
 
 
 class NodeOutcome:
@@ -131,7 +136,8 @@ def _norm(ref: str) -> str:
 
 
 def _patterns(plugin: PluginUnderTest) -> list[re.Pattern[str]]:
-    """The profile's argv as a target fills it; a health address (the target picks it) is any."""
+    """The profile's argv as a target fills it; what the target picks (the health address, a
+    DRA driver's node name and credentials) is any."""
     return [
         re.compile(".*".join(re.escape(plugin.fill(part)) for part in _HEALTH.split(arg)))
         for arg in plugin.command
