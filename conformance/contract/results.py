@@ -51,6 +51,7 @@ class CheckRecord:
     evidence: list[str] = field(default_factory=list)
     timeline: list[TimelineEvent] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    apis: list[str] = field(default_factory=list)  # the plugin APIs the check judges
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

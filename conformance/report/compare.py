@@ -20,7 +20,7 @@ from conformance.contract.safewrite import write_atomic
 from conformance.contract.strict_json import one_line
 from conformance.report import compare_model as cm
 from conformance.report import text
-from conformance.report.model import build
+from conformance.report.model import CheckView, build
 from conformance.report.render import ReportError, environment, load_results
 
 EXIT_REGRESSION = 1
@@ -89,9 +89,20 @@ def compare(
         ca, cb = by_a.get(check_id), by_b.get(check_id)
         shown, hidden = cm.figures(ca, cb, threshold, floor_s, budget)
         budget -= len(shown)
-        rows.append(cm.Row(check_id, ca, cb, shown, hidden))
+        why = (_not_judged(a[0], cb), _not_judged(b[0], ca))
+        rows.append(cm.Row(check_id, ca, cb, shown, hidden, why))
     env = cm.side_by_side(cm.environment_of(a[0]), cm.environment_of(b[0]))
     return cm.CompareView(side_a, side_b, rows, env, threshold, floor_s)
+
+
+def _not_judged(results: dict[str, Any], other: CheckView | None) -> str:
+    """Why a run has no record of a check the other run has: the check judges an API that
+    run's plugin does not speak (a device plugin's run has no DRA check, and the other way)."""
+    plugin = (results.get("run") or {}).get("plugin") or {}
+    api = plugin.get("api") if isinstance(plugin, dict) else None
+    if other is None or not other.apis or not isinstance(api, str) or api in other.apis:
+        return ""
+    return f"not judged: it judges {' and '.join(other.apis)}, this run's plugin speaks {api}"
 
 
 def _template(name: str, *, markdown: bool) -> Any:

@@ -1,9 +1,8 @@
 """Two runs side by side: each check's verdict in both, each figure with its ratio B/A, and the
 change a reviewer must see called out (a regression, a fix, a slower figure, lost coverage).
 
-B is the candidate, A the baseline: "slower" and "regression" always describe B against A.
-Built on the report's own model (model.build) and wording (words), so a check reads the same in
-compare.md as in each run's report.md.
+B is the candidate, A the baseline ("slower", "regression": B against A). Built on the report's
+model and wording, so a check reads the same in compare.md as in each run's report.md.
 """
 
 from __future__ import annotations
@@ -128,6 +127,7 @@ class Row:
     b: CheckView | None
     figures: list[Figure] = field(default_factory=list)
     hidden: int = 0  # figures of this check not shown (the caps above)
+    absent_why: tuple[str, str] = ("", "")  # why a run has no record of it, if known
 
     @property
     def title(self) -> str:
@@ -177,7 +177,8 @@ class Row:
         """Why a run's verdict is not a pass, in words ("" for a pass)."""
         view = self.a if side == "a" else self.b
         if view is None:
-            return "this run has no record of the check"
+            why = self.absent_why[0 if side == "a" else 1]
+            return why or "this run has no record of the check"
         if view.status == "passed" or not view.reason:
             return ""
         return view.reason_words.rstrip(".")
@@ -291,12 +292,9 @@ class CompareView:
 
 
 def merged_ids(a: list[str], b: list[str]) -> list[str]:
-    """Union of both id lists in catalogue order: A's order, B's extra ids after their B neighbour.
-
-    Reporting may not import the catalogue; both runs record their checks in catalogue order, so
-    merging the two orders keeps it (a check only B knows lands where B ran it). Linear: B's
-    extra ids are attached to the A id they follow, then everything is laid out once.
-    """
+    """Union of both id lists in catalogue order (reporting may not import the catalogue; both
+    runs record their checks in it): A's order, each id only B has after the id it follows in B.
+    Linear: B's extra ids are attached to their anchor, then everything is laid out once."""
     order = list(dict.fromkeys(a))
     known = set(order)
     after: dict[str | None, list[str]] = {}

@@ -64,6 +64,7 @@ class CheckView:
     timeline: list[Event]
     evidence: list[Evidence]
     phrases: list[str] = field(default_factory=list)
+    apis: list[str] = field(default_factory=list)  # the plugin APIs it judges (older runs: [])
 
     @property
     def status_word(self) -> str:
@@ -230,6 +231,7 @@ def _check(raw: dict[str, Any], run_dir: Path, out_dir: Path) -> CheckView:
         notes=[str(n) for n in raw.get("notes", [])],
         timeline=_timeline(list(raw.get("timeline", []))),
         evidence=_evidence([str(e) for e in raw.get("evidence", [])], run_dir, out_dir),
+        apis=[str(a) for a in raw.get("apis", [])],
     )
     view.phrases = words.figures(view.metrics, [e.name for e in view.timeline])
     return view

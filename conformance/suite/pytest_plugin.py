@@ -128,7 +128,7 @@ def check_record(request: pytest.FixtureRequest) -> Iterator[tuple[Check, Record
     marker = request.node.get_closest_marker("check_id")
     assert marker is not None, "every conformance test carries check_id"
     check = BY_ID[marker.args[0]]
-    record = CheckRecord(id=check.id, marker=check.marker, title=check.title)
+    record = CheckRecord(id=check.id, marker=check.marker, title=check.title, apis=list(check.apis))
     rec = Recorder(record, run_dir() / "evidence")
     yield check, rec
     request.node.user_properties.append((USER_PROP, json.dumps(record.to_json())))
