@@ -52,6 +52,7 @@ def _mutant(tmp_path: Path, module: str) -> Path:
     command[command.index("plugin")] = module  # `{python} -m <module>`: the mutant's entry
     data["command"] = command
     data["name"] = module.rpartition(".")[2]
+    data["env"] = {"PYTHONPATH": str(REPO)}  # the mutants live in tests/, not installed
     path = tmp_path / "profile.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
