@@ -247,7 +247,8 @@ def test_a_group_lookup_that_is_a_secret_file_prints_none_of_it(tmp_path: Path) 
          str(snap), "--group-lookup", str(secret)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and not proc.stdout
     assert "SECRET" not in proc.stderr + proc.stdout and "$y$" not in proc.stderr + proc.stdout
 
 
