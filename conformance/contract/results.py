@@ -39,6 +39,11 @@ class TimelineEvent:
     t_s: float  # seconds since the check started (monotonic clock)
 
 
+# A target may write this into the run dir: the feature gates it sets and those its components
+# report enabled; results.json's environment carries it as `feature_gates`.
+FEATURE_GATES_FILE = "feature-gates.json"
+
+
 @dataclass
 class CheckRecord:
     id: str

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-KEYS = frozenset({"cgroup", "suite_version", "components", "cluster", "preconditions"})
+KEYS = frozenset(
+    {"cgroup", "suite_version", "components", "cluster", "preconditions", "feature_gates"}
+)
 
 
 def _cgroup(info: Any) -> list[tuple[str, str]]:
@@ -71,6 +73,19 @@ def _preconditions(found: Any) -> list[tuple[str, str]]:
     ]
 
 
+def _gates(gates: Any) -> list[tuple[str, str]]:
+    """The feature gates the target set, and what its API server said of the ones that matter."""
+    if not isinstance(gates, dict):
+        return []
+    set_by = gates.get("set_by_target") or {}
+    said = gates.get("api_server") or {}
+    out = [("Feature gates set", ", ".join(f"{k}={v}" for k, v in set_by.items()) if set_by
+             else "none: the Kubernetes version's defaults")]  # fmt: skip
+    if isinstance(said, dict) and said:
+        out.append(("Feature gates (API server)", ", ".join(f"{k} {v}" for k, v in said.items())))
+    return out
+
+
 def rows(env: dict[str, Any]) -> list[tuple[str, str]]:
     """Label and value for the 1.1 facts present in env (none for a 1.0 results file)."""
     out = _cgroup(env.get("cgroup"))
@@ -80,5 +95,6 @@ def rows(env: dict[str, Any]) -> list[tuple[str, str]]:
         out
         + _components(env.get("components"))
         + _cluster(env.get("cluster"))
+        + _gates(env.get("feature_gates"))
         + (_preconditions(env.get("preconditions")))
     )

@@ -21,6 +21,7 @@ from conformance.contract.dra_profile import API_TITLES
 from conformance.contract.node import Node
 from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
 from conformance.contract.results import (
+    FEATURE_GATES_FILE,
     CheckRecord,
     EnvironmentBlocked,
     NotApplicable,
@@ -351,10 +352,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             **environment.collect_for(ctx.target, ctx.runtime),
             "plugin_version": environment.plugin_version(ctx.plugin),
             **({"targets": targets} if targets else {}),
+            **_feature_gates(out),
             **({"cluster": cluster} if cluster else {}),
         },
         checks=checks,
     )
+
+
+def _feature_gates(out: Path) -> dict[str, Any]:
+    """The feature gates a target set and read from its components, when it wrote them."""
+    try:
+        return {"feature_gates": json.loads((out / FEATURE_GATES_FILE).read_text())}
+    except (OSError, ValueError):
+        return {}
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

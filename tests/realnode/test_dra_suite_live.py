@@ -88,6 +88,10 @@ def test_this_repositorys_driver_passes_every_dra_check(tmp_path: Path) -> None:
     by_id = {c["id"]: c for c in data["checks"]}
     assert by_id["dra-kubelet-restart"]["metrics"]["republish_graceful_s"] > 0
     assert by_id["cdi-missing"]["metrics"]["recovery_s"] > 0
+    # the environment names the gates: none set here, the API server's own word on the rest
+    gates = data["environment"]["feature_gates"]
+    assert gates["set_by_target"] == {}
+    assert gates["api_server"]["DRAExtendedResource"].startswith("on")
 
 
 @pytest.mark.timeout(2500)

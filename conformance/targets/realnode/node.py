@@ -38,7 +38,7 @@ from conformance.contract.node import (
     GuestOutcome,
 )
 from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.results import EnvironmentBlocked
+from conformance.contract.results import FEATURE_GATES_FILE, EnvironmentBlocked
 from conformance.contract.wait import wait_for
 from conformance.guest.cdi_resolve import resolve
 from conformance.targets.local.hostfiles import device_metadata, mount, umount
@@ -46,6 +46,8 @@ from conformance.targets.local.node import BASE_CAPABILITIES
 from conformance.targets.realnode import (
     BIN,
     CDI_DIR,
+    FEATURE_GATES,
+    GATES_REPORTED,
     HOST_DEV,
     NODE_NAME,
     RUN,
@@ -54,7 +56,7 @@ from conformance.targets.realnode import (
 )
 from conformance.targets.realnode.configs import NAMESPACE, PKI, workload_pod
 from conformance.targets.realnode.events import NodeEventLog, klog_monotonic
-from conformance.targets.realnode.kubeapi import Api, PodResources
+from conformance.targets.realnode.kubeapi import Api, ApiError, PodResources
 from conformance.targets.realnode.pods import POD_TIMEOUT_S, RealPods
 from conformance.targets.realnode.reboot import RealNodeFaults, kubelet_sock_made
 from conformance.targets.realnode.restore import RealRestore
@@ -115,6 +117,7 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
                 self.ledger.record("dir", str(root), f"real node {NODE_NAME} (stack of this run)")
             stack.up()
         self.api = Api(PKI)
+        self._record_feature_gates()
         if (p := procs.recorded("plugin")) is not None and p.alive:
             raise EnvironmentBlocked(
                 "a plugin already runs on the node (node-up --plugin): stop it"
@@ -145,6 +148,17 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
         )
         self._workload_device = self._device_in_workload(allocation) or self._workload_device
         self._take_baseline(allocation, 30)
+
+    def _record_feature_gates(self) -> None:
+        """What the run's environment names: the gates this target sets, and the API server's
+        own word on the gates that decide what DRA and device health can do here."""
+        assert self.api is not None
+        try:
+            enabled = self.api.feature_gates(GATES_REPORTED)
+        except (OSError, ApiError) as exc:
+            enabled = {"unread": str(exc)[:200]}
+        facts = {"set_by_target": dict(FEATURE_GATES), "api_server": enabled}
+        (self.out_dir / FEATURE_GATES_FILE).write_text(json.dumps(facts, indent=2) + "\n")
 
     def _before_plugin(self) -> None:
         """What the node gives the plugin before it first starts (a DRA node: dra_node)."""
