@@ -35,6 +35,7 @@ class SliceView:
     uid: str  # a slice deleted and published again has a new one
     devices: int
     tainted: int  # devices with a NoSchedule or NoExecute taint
+    shared: int = 0  # devices several claims may be allocated at once (allowMultipleAllocations)
 
 
 class DraNode(Node, Protocol):

@@ -117,6 +117,11 @@ CATALOGUE: tuple[Check, ...] = (
           "the claim's spec cannot be written (read-only CDI storage): prepare fails, is retried "
           "across a kubelet restart, and the pod runs once storage is back",
           level="extended", apis=DRA),
+    Check("dra-shared-device", "guest", "DRA: one device shared by several pods",
+          dra.shared_device,
+          "a shareable device (allowMultipleAllocations) serves 3 pods at once, each with its "
+          "own claim and CDI spec, every guest running; not shareable: not applicable",
+          level="extended", apis=DRA),
     Check("dra-no-spec-left", "cdi", "DRA: no CDI spec left after unprepare", dra.no_spec_left,
           "the pod deleted: its claim unprepared and no CDI spec of it left",
           level="extended", apis=DRA),

@@ -15,6 +15,11 @@ kubelet is back ("must process pod created when kubelet is not running").
 read-only CDI storage) is retried by the kubelet, also across a kubelet restart, and the pod runs
 once the driver can prepare ("must retry NodePrepareResources after a kubelet restart").
 
+`dra-shared-device`: a device published as shareable (allowMultipleAllocations, KEP-5075
+consumable capacity, beta and on in v1.37) serves several pods at once: each gets a claim of
+its own, prepared with a CDI spec of its own, and every pod's guest runs at the same time; a
+driver whose devices are not shareable is not_applicable here (one device per pod).
+
 `dra-no-spec-left`: once a pod is gone the kubelet unprepares its claim and the driver leaves no
 CDI spec behind ("must unprepare resources for deleted pod"; a stale spec names a claim nobody
 holds and its device IDs, read by every later container creation).
@@ -26,7 +31,7 @@ from typing import cast
 
 from conformance.contract.dra import CAP_DRA, DraNode
 from conformance.contract.node import CAP_KUBELET_CRASH, CAP_READ_ONLY, Node, PodView, require
-from conformance.contract.results import Recorder
+from conformance.contract.results import NotApplicable, Recorder
 from conformance.contract.wait import wait_for
 from conformance.scenarios.common import (
     FAULT_TIMEOUT_S,
@@ -147,6 +152,36 @@ def prepare_retried(node: Node, rec: Recorder) -> None:
     pod = _running(dra, name, "after the storage was restored")
     rec.metric("recovery_s", rec.event("pod running") - t1)
     _counting(dra, pod, "after NodePrepareResources succeeded")
+
+
+SHARING_PODS = 3
+
+
+def shared_device(node: Node, rec: Recorder) -> None:
+    dra = _dra(node)
+    wait_ready(dra, rec, "before the pods")
+    if not any(s.shared for s in dra.slices()):
+        raise NotApplicable(
+            "the driver publishes no shareable device (allowMultipleAllocations): one per pod"
+        )
+    before = set(dra.list_files("cdi"))
+    pods: list[PodView] = []
+    try:
+        for _ in range(SHARING_PODS):
+            pod = dra.start_pod()
+            assert pod.phase == RUNNING, f"pod {len(pods) + 1} refused: {pod.reason} {pod.message}"
+            pods.append(pod)
+        rec.event(f"{SHARING_PODS} pods running on the shared device")
+        for pod in pods:
+            _counting(dra, pod, "sharing the device")
+        specs = set(dra.list_files("cdi")) - before
+        assert len(specs) >= SHARING_PODS, f"claims' CDI specs {sorted(specs)}: want one per pod"
+        rec.metric("pods_sharing", len(pods) + (1 if dra.session_guest else 0))
+    finally:
+        for pod in pods:
+            dra.delete_pod(pod.uid)
+    wait_for(lambda: not (set(dra.list_files("cdi")) - before), RECOVERY_TIMEOUT_S,
+             "no CDI spec left after the sharing pods' unprepare")  # fmt: skip
 
 
 def no_spec_left(node: Node, rec: Recorder) -> None:

@@ -183,7 +183,8 @@ class RealDraNode(RealNode):
                 1 for d in devices
                 if any(t.get("effect") in _BLOCKING for t in d.get("taints") or [])
             )  # fmt: skip
-            views.append(SliceView(item["metadata"]["uid"], len(devices), tainted))
+            shared = sum(1 for d in devices if d.get("allowMultipleAllocations"))
+            views.append(SliceView(item["metadata"]["uid"], len(devices), tainted, shared))
         return views
 
     def capacity(self) -> int:
