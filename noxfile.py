@@ -212,18 +212,18 @@ def kind_image(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, name="kind-live")
 def kind_live(session: nox.Session) -> None:
-    """The live kind tests (tests/kindnode/test_kind_live.py): the kind image first (kind-image,
-    cached), then real kind clusters with failures injected at their lifecycle steps. Apart from
-    `tests` because the image takes most of an hour to build on a fresh machine."""
+    """The live kind tests (tests/kindnode/test_kind_live.py, test_kind_dra_live.py): the kind
+    image first (kind-image, cached), then real kind clusters with failures injected at their
+    lifecycle steps, and the chart's mode: dra on one. Apart from `tests` because the image
+    takes most of an hour to build on a fresh machine."""
     session.install("-e", ".[dev]")
     components = ("kubelet", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
                   "crictl", "pause", "cni")  # fmt: skip
     session.run("python", "-m", "conformance.targets.realnode.build", *components)
     session.run("python", "-m", "conformance.targets.kindnode.image")
     _helm(session)  # the plugin's objects are its profile's chart, rendered (a fresh venv: none)
-    _pytest(
-        session, "tests/kindnode/test_kind_live.py", *session.posargs, env={"HV_KIND_LIVE": "1"}
-    )
+    live = ("tests/kindnode/test_kind_live.py", "tests/kindnode/test_kind_dra_live.py")
+    _pytest(session, *live, *session.posargs, env={"HV_KIND_LIVE": "1"})
 
 
 @nox.session(python=PYTHON, name="conformance-aks")

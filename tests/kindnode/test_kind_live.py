@@ -12,100 +12,26 @@ reason, without Docker engine binaries.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 
 from conformance.targets.cluster import kindbin
-from conformance.targets.cluster.access import CommandRunner
 from conformance.targets.cluster.kind import KindLifecycle
-from conformance.targets.cluster.plan import ClusterOptions
 from conformance.targets.cluster.run import open_cluster
-from conformance.targets.container.engine import DockerEngine
 from conformance.targets.kindnode import NODE_IMAGE
-from conformance.targets.kindnode.engine import copy_image, inventory, kind_engine, leftovers
-from conformance.targets.realnode.node_images import build_images
+from tests.kindnode.live import ROOT, serial
+from tests.kindnode.live import assert_nothing_left as _assert_nothing_left
+from tests.kindnode.live import kvm as _kvm
+from tests.kindnode.live import lifecycle as _lifecycle
 
-ROOT = Path(__file__).resolve().parents[2]
-_serial = itertools.count(1)
+# the `engine` fixture is tests/kindnode/conftest.py's (shared with test_kind_dra_live.py)
 pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow]
-
-
-def _kvm() -> tuple[int, int, int, int]:
-    st = os.stat("/dev/kvm")
-    return st.st_mode, st.st_uid, st.st_gid, st.st_rdev
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[dict[str, Any]]:
-    if os.environ.get("HV_KIND_LIVE") != "1":
-        pytest.skip("live kind clusters run in `nox -s kind-live` (HV_KIND_LIVE=1), which builds "
-                    "the kind node image first")  # fmt: skip
-    if shutil.which("dockerd") is None or shutil.which("docker") is None:
-        pytest.skip("no dockerd/docker here: the kind engine cannot start")
-    if kindbin.kind_executable() == "kind":
-        pytest.skip("no kind on PATH nor in the cache: run `nox -s kind-image`")
-    eng = kind_engine("tests/kindnode")
-    host = eng.acquire()
-    try:
-        client = eng.client()
-        try:
-            client.images.get(NODE_IMAGE)
-        except docker.errors.ImageNotFound:
-            pytest.skip(f"{NODE_IMAGE} not built: run `nox -s kind-image`")
-        finally:
-            client.close()
-        tags = build_images()
-        with DockerEngine(what="tests/kindnode copy") as suite_engine:
-            for tag in tags.values():
-                copy_image(tag, suite_engine, eng)
-        before = inventory(eng)
-        yield {"engine": eng, "host": host, "tags": tags, "before": before}
-        left = leftovers(eng, before)
-        assert not any(left.values()), f"the live kind tests left {left}"
-    finally:
-        eng.release()
-
-
-def _lifecycle(
-    tmp_path: Path, env: dict[str, Any], config: str = "cluster.yaml", **kw: Any
-) -> KindLifecycle:
-    n = next(_serial)
-    kw = {"image": env["tags"]["plugin"], "guest_image": env["tags"]["guest"], **kw}
-    options = ClusterOptions(
-        target="kind",
-        run_id=f"kl{os.getpid()}{n}",
-        workdir=str(tmp_path / "work"),
-        cluster_name=f"hvt-{os.getpid()}-{n}",
-        node_image=NODE_IMAGE,
-        kind_config=str(ROOT / "kind" / config),
-        **kw,
-    ).validate()
-    run_env = dict(kindbin.kind_env() or os.environ, DOCKER_HOST=env["host"])
-    runner = CommandRunner(tmp_path / "work" / "commands.log", env=run_env)
-    return KindLifecycle(options, None, runner=runner)
-
-
-def _assert_nothing_left(lifecycle: KindLifecycle, env: dict[str, Any], kvm: Any) -> None:
-    report = lifecycle.report
-    failed = [s for s in report.steps if s.phase != "setup" and s.status != "ok"]
-    assert not failed, f"cleanup or verification failed: {failed}"
-    for name in ("kind cluster deleted", "kind node containers removed",
-                 "kubeconfig entries removed", "host device metadata (final)"):  # fmt: skip
-        assert report.verification[name]["ok"], report.verification[name]
-    now = inventory(env["engine"])
-    assert now["containers"] == env["before"]["containers"]
-    assert now["volumes"] == env["before"]["volumes"]
-    assert _kvm() == kvm, "/dev/kvm metadata changed"
 
 
 def _fail_at(lifecycle: KindLifecycle, step: str) -> None:
@@ -209,7 +135,7 @@ def test_issue_26_checks_pass_against_the_real_kubelet(
     out = tmp_path / "out"
     argv = [
         sys.executable, "-m", "conformance.cli", "run", "--target", "kind",
-        "--cluster-name", f"hvt-{os.getpid()}-{next(_serial)}", "--node-image", NODE_IMAGE,
+        "--cluster-name", f"hvt-{os.getpid()}-{next(serial)}", "--node-image", NODE_IMAGE,
         "--image", engine["tags"]["plugin"], "--guest-image", engine["tags"]["guest"],
         "--out", str(out), "-m", "workloads or identity or registration",
         "--", "-k", "survive or health or reboot or late or stream",

@@ -21,6 +21,7 @@ import contextlib
 import shutil
 import signal
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -247,7 +248,7 @@ class RealDraNode(RealNode):
         return len(self._prepare_events(name))
 
     def submit_pod(self) -> str:
-        name = f"hv-pod-{int(time.time() * 1000) % 10**8:08d}"
+        name = f"hv-pod-{uuid.uuid4().hex[:8]}"
         self._api().request("POST", PODS, self._workload_spec(name, ""))
         return name
 
