@@ -45,6 +45,19 @@ _POD_KEYS = {"namespace", "labels", "container"}
 MAX_FILES = 32
 
 
+# Kinds whose objects have no namespace: what a plugin's or a driver's objects can hold (a table,
+# not a discovery round trip per object), for rendering and applying them alike.
+CLUSTER_SCOPED = frozenset(
+    {
+        "Namespace", "Node", "ClusterRole", "ClusterRoleBinding", "PriorityClass",
+        "RuntimeClass", "CustomResourceDefinition", "StorageClass", "PodSecurityPolicy",
+        "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+        "DeviceClass", "ResourceSlice", "DeviceTaintRule",
+    }
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Pods:
     """How the suite finds the plugin's pods and its container in them."""

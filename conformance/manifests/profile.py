@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from conformance.contract.deploy import Deploy
+from conformance.contract.deploy import CLUSTER_SCOPED, Deploy
 from conformance.contract.results import EnvironmentBlocked
 from conformance.manifests.chart import ChartError, HelmMissing, template
 from conformance.manifests.render import ManifestError
@@ -27,14 +27,6 @@ from conformance.manifests.render import ManifestError
 Obj = dict[str, Any]
 MAX_MANIFEST_BYTES = 1024 * 1024
 MAX_OBJECTS = 256
-# Kinds that have no namespace (the ones a device plugin's objects can reasonably hold).
-CLUSTER_SCOPED = frozenset(
-    {
-        "Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "RuntimeClass",
-        "CustomResourceDefinition", "DeviceClass", "StorageClass", "PodSecurityPolicy",
-        "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration",
-    }
-)  # fmt: skip
 
 
 @dataclass

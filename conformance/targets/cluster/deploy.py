@@ -12,10 +12,10 @@ from typing import Any
 
 import yaml
 
+from conformance.contract.deploy import CLUSTER_SCOPED
 from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.wait import WaitExpired
 from conformance.targets.cluster.kube import (
-    CLUSTER_SCOPED,
     ApiError,
     KubeApi,
     Obj,

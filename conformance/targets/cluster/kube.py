@@ -14,22 +14,10 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+from conformance.contract.deploy import CLUSTER_SCOPED
+
 Obj = dict[str, Any]
 
-# Kinds whose objects are not namespaced (a table beats a discovery round trip per object).
-CLUSTER_SCOPED = frozenset(
-    {
-        "Namespace",
-        "Node",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "PriorityClass",
-        "RuntimeClass",
-        "CustomResourceDefinition",
-        "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding",
-    }
-)
 _PLURAL_EXCEPTIONS = {"Endpoints": "endpoints"}
 
 
