@@ -42,6 +42,10 @@ from conformance.scenarios.common import (
 
 RUNNING = "Running"
 COUNTING_S = 30.0
+# The kubelet unprepares a deleted pod's claims in its own cleanup (syncTerminatedPod), not as a
+# recovery from a fault: seconds on a quiet node, tens of seconds on a loaded one, whatever
+# --recovery-timeout says.
+UNPREPARE_TIMEOUT_S = max(RECOVERY_TIMEOUT_S, 120.0)
 
 
 def _dra(node: Node, *caps: str) -> DraNode:
@@ -180,7 +184,7 @@ def shared_device(node: Node, rec: Recorder) -> None:
     finally:
         for pod in pods:
             dra.delete_pod(pod.uid)
-    wait_for(lambda: not (set(dra.list_files("cdi")) - before), RECOVERY_TIMEOUT_S,
+    wait_for(lambda: not (set(dra.list_files("cdi")) - before), UNPREPARE_TIMEOUT_S,
              "no CDI spec left after the sharing pods' unprepare")  # fmt: skip
 
 
@@ -195,6 +199,6 @@ def no_spec_left(node: Node, rec: Recorder) -> None:
     rec.note(f"CDI files of the pod's claim: {sorted(made)}")
     dra.delete_pod(pod.uid)
     t0 = rec.event("pod deleted")
-    wait_for(lambda: not (set(dra.list_files("cdi")) - before), RECOVERY_TIMEOUT_S,
+    wait_for(lambda: not (set(dra.list_files("cdi")) - before), UNPREPARE_TIMEOUT_S,
              "no CDI spec left after the claim's unprepare")  # fmt: skip
     rec.metric("unprepared_s", rec.event("no CDI spec left") - t0)
