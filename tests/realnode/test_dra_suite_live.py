@@ -53,6 +53,7 @@ def _mutant(tmp_path: Path, module: str) -> Path:
     data["command"] = command
     data["name"] = module.rpartition(".")[2]
     data["env"] = {"PYTHONPATH": str(REPO)}  # the mutants live in tests/, not installed
+    data.pop("deploy", None)  # the node target runs the command (and the chart path is relative)
     path = tmp_path / "profile.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
