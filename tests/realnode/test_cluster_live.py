@@ -9,7 +9,6 @@ not, as on a fresh CI machine) and no other node up on this machine.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pytest
 import yaml
 
 from conformance.targets.realnode import NODE_NAME, node_images, nodes, procs, stack
+from tests.realnode.live_runs import kvm
 
 USES_NODE_STACK = True  # conftest: one node stack at a time on this machine
 
@@ -36,18 +36,13 @@ NOT_APPLICABLE = {
 # image's python3) and stream-lost (ss and perl on the node) run
 
 
-def _kvm() -> tuple[int, int, int, int]:
-    st = os.stat("/dev/kvm")
-    return st.st_mode, st.st_uid, st.st_gid, st.st_rdev
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[dict[str, str]]:
     if missing := nodes.has_tools():
         pytest.skip(f"the node is not built ({', '.join(missing)}): run `nox -s node-build`")
     if nodes.recorded_nodes() or ((p := procs.recorded("kubelet")) and p.alive):
         pytest.skip("a node is already up on this machine: `nox -s node-down` first")
-    before = _kvm()
+    before = kvm()
     try:
         stack.up_nodes(1)
         tags = node_images.build_images()
@@ -56,7 +51,7 @@ def cluster() -> Iterator[dict[str, str]]:
     finally:
         left = stack.down()
         assert not left, f"node-down left: {left}"
-        assert _kvm() == before, "/dev/kvm changed"
+        assert kvm() == before, "/dev/kvm changed"
 
 
 def _run(cluster: dict[str, str], out: Path, access: str, *extra: str) -> dict[str, Any]:

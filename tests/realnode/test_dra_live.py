@@ -21,7 +21,6 @@ the scheduler's code does with it, nothing recorded:
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from conformance.targets.realnode.kubeapi import Api, ApiError
 from plugin.api.dra_wire import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
 from plugin.api.names import DRA_DRIVER, HYPERVISOR_RESOURCE
 from tests.chart.helm import template
+from tests.realnode.live_runs import kvm
 
 USES_NODE_STACK = True  # conftest: one node stack at a time on this machine
 
@@ -50,11 +50,6 @@ DRIVER_DIR = Path(PLUGINS_DIR) / DRA_DRIVER
 LIVE_S = 90.0
 
 
-def _kvm() -> tuple[int, int, int, int]:
-    st = os.stat("/dev/kvm")
-    return st.st_mode, st.st_uid, st.st_gid, st.st_rdev
-
-
 @pytest.fixture(scope="module")
 def node() -> Iterator[Api]:
     missing = [n for n in ("kubelet", "kube-apiserver", "kube-scheduler") if not (BIN / n).exists()]
@@ -62,7 +57,7 @@ def node() -> Iterator[Api]:
         pytest.skip(f"the node is not built ({', '.join(missing)}): run `nox -s node-build`")
     if (p := procs.recorded("kubelet")) is not None and p.alive:
         pytest.skip("a node is already up on this machine: `nox -s node-down` first")
-    before = _kvm()
+    before = kvm()
     try:
         api = stack.up()
         assert api is not None
@@ -70,7 +65,7 @@ def node() -> Iterator[Api]:
     finally:
         left = stack.down()
         assert not left, f"node-down left: {left}"
-        assert _kvm() == before, "/dev/kvm changed"
+        assert kvm() == before, "/dev/kvm changed"
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,7 @@ and down by the run itself (one node stack per machine: conftest's lock).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -25,6 +20,7 @@ import yaml
 from conformance.contract.dra_profile import API_DRA
 from conformance.scenarios import CATALOGUE
 from conformance.targets.realnode import BIN, REPO
+from tests.realnode.live_runs import run_node, statuses
 
 USES_NODE_STACK = True  # conftest: one node stack at a time on this machine
 
@@ -41,11 +37,6 @@ def _built() -> None:
         pytest.skip(f"the node is not built ({', '.join(missing)}): run `nox -s node-build`")
 
 
-def _kvm() -> tuple[int, int, int, int]:
-    st = os.stat("/dev/kvm")
-    return st.st_mode, st.st_uid, st.st_gid, st.st_rdev
-
-
 def _mutant(tmp_path: Path, module: str) -> Path:
     data = yaml.safe_load(PROFILE.read_text())
     command = list(data["command"])
@@ -59,28 +50,10 @@ def _mutant(tmp_path: Path, module: str) -> Path:
     return path
 
 
-def _run(tmp_path: Path, profile: Path, *extra: str) -> dict[str, Any]:
-    out = tmp_path / "run"
-    argv = [sys.executable, "-m", "conformance.cli", "run", "--target", "node", "--out", str(out),
-            "--reports-root", str(tmp_path), "--plugin-profile", str(profile), *extra]  # fmt: skip
-    before = _kvm()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=2400, cwd=REPO)
-    assert _kvm() == before, "/dev/kvm changed"
-    results = out / "results.json"
-    assert results.exists(), proc.stdout[-3000:] + proc.stderr[-2000:]
-    data: dict[str, Any] = json.loads(results.read_text())
-    data["_output"] = proc.stdout[-5000:] + proc.stderr[-2000:]
-    return data
-
-
-def _statuses(data: dict[str, Any]) -> dict[str, str]:
-    return {c["id"]: c["status"] for c in data["checks"]}
-
-
 @pytest.mark.timeout(2500)
 def test_this_repositorys_driver_passes_every_dra_check(tmp_path: Path) -> None:
-    data = _run(tmp_path, PROFILE)
-    got = _statuses(data)
+    data = run_node(tmp_path, PROFILE, timeout=2400)
+    got = statuses(data)
     assert set(got) >= DRA_CHECKS, f"checks judging DRA not run: {DRA_CHECKS - set(got)}"
     assert not {c.id for c in CATALOGUE} - DRA_CHECKS & set(got), "a device-plugin check ran"
     assert {k: v for k, v in got.items() if v != "passed"} == {}, data["_output"]
@@ -100,8 +73,8 @@ def test_a_driver_without_claim_spec_repair_fails_exactly_the_repair_checks(
     tmp_path: Path,
 ) -> None:
     profile = _mutant(tmp_path, "tests.mutants.dra_no_claim_repair")
-    data = _run(tmp_path, profile, "-m", "cdi", "--recovery-timeout", "15")
-    got = _statuses(data)
+    data = run_node(tmp_path, profile, "-m", "cdi", "--recovery-timeout", "15", timeout=2400)
+    got = statuses(data)
     failed = {k for k, v in got.items() if v == "failed"}
     assert failed == CDI_REPAIR, data["_output"]
     assert got["cdi-read-only"] == "passed" and got["dra-no-spec-left"] == "passed", got
@@ -113,8 +86,8 @@ def test_a_driver_that_never_republishes_fails_exactly_the_republish_check(
     tmp_path: Path,
 ) -> None:
     profile = _mutant(tmp_path, "tests.mutants.dra_no_republish")
-    data = _run(tmp_path, profile, "-m", "restart", "--recovery-timeout", "20")
-    got = _statuses(data)
+    data = run_node(tmp_path, profile, "-m", "restart", "--recovery-timeout", "20", timeout=2400)
+    got = statuses(data)
     assert {k for k, v in got.items() if v == "failed"} == {"dra-kubelet-restart"}, data["_output"]
     assert got["restart-plugin"] == "passed", data["_output"]
     assert got["cleanup"] == "passed", data["_output"]

@@ -11,13 +11,8 @@ node-up` already did.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -37,6 +32,7 @@ from conformance.targets.realnode.sandboxed import (
     plugin_binds,
 )
 from tests.fixture_plugins import build_go_kvm
+from tests.realnode.live_runs import run_node, statuses
 
 USES_NODE_STACK = True  # conftest: one node stack at a time on this machine
 
@@ -97,11 +93,6 @@ def test_health_is_a_capability_only_when_the_profile_can_observe_it(tmp_path: P
 # -- live -------------------------------------------------------------------------------------
 
 
-def _kvm() -> tuple[int, int, int, int]:
-    st = os.stat("/dev/kvm")
-    return st.st_mode, st.st_uid, st.st_gid, st.st_rdev
-
-
 @pytest.fixture(scope="module")
 def node_built() -> None:
     missing = [n for n in ("kubelet", "kube-apiserver", "etcd", "crictl") if not (BIN / n).exists()]
@@ -124,24 +115,6 @@ def _variant(tmp_path: Path, env: dict[str, str]) -> Path:
     return path
 
 
-def _run(tmp_path: Path, profile: Path, *extra: str) -> dict[str, Any]:
-    out = tmp_path / "run"
-    argv = [sys.executable, "-m", "conformance.cli", "run", "--target", "node", "--out", str(out),
-            "--reports-root", str(tmp_path), "--plugin-profile", str(profile), *extra]  # fmt: skip
-    before = _kvm()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1500, cwd=REPO)
-    assert _kvm() == before, "/dev/kvm changed"
-    results = out / "results.json"
-    assert results.exists(), proc.stdout[-3000:] + proc.stderr[-2000:]
-    data: dict[str, Any] = json.loads(results.read_text())
-    data["_output"] = proc.stdout[-4000:] + proc.stderr[-2000:]
-    return data
-
-
-def _statuses(data: dict[str, Any]) -> dict[str, str]:
-    return {c["id"]: c["status"] for c in data["checks"]}
-
-
 @pytest.mark.root
 @pytest.mark.kvm
 @pytest.mark.slow
@@ -150,8 +123,8 @@ def test_a_fixed_path_plugin_is_certified_on_the_real_kubelet(
     node_built: None, tmp_path: Path
 ) -> None:
     build_go_kvm()
-    data = _run(tmp_path, GO_KVM)
-    got = _statuses(data)
+    data = run_node(tmp_path, GO_KVM)
+    got = statuses(data)
     want = {check: "not_applicable" if check in NOT_APPLICABLE else "passed" for check in got}
     assert got == want, data["_output"]
     assert {"cdi-missing", "registration-failure", "device-unusable", "cleanup"} <= set(got)
@@ -177,8 +150,8 @@ def test_a_plugin_that_never_probes_fails_device_unusable_there(
     node_built: None, tmp_path: Path
 ) -> None:
     profile = _variant(tmp_path, {"GOKVM_DEFECT": "no-probe"})
-    data = _run(tmp_path, profile, "-m", "identity", "--recovery-timeout", "10")
-    got = _statuses(data)
+    data = run_node(tmp_path, profile, "-m", "identity", "--recovery-timeout", "10")
+    got = statuses(data)
     assert got["device-unusable"] == "failed", data["_output"]
     # a plugin that never probes hands out a device that does not exist yet; the node is
     # restored after that failure too (the restore of a plugin started without its device)

@@ -1,0 +1,39 @@
+"""What the live node-stack tests share: the host's /dev/kvm identity (it must never change)
+and a real `hvconform run --target node` in a subprocess, its results read back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from conformance.targets.realnode import REPO
+
+
+def kvm() -> tuple[int, int, int, int]:
+    """/dev/kvm's mode, owner, group and device number."""
+    st = os.stat("/dev/kvm")
+    return st.st_mode, st.st_uid, st.st_gid, st.st_rdev
+
+
+def run_node(tmp_path: Path, profile: Path, *extra: str, timeout: float = 1500) -> dict[str, Any]:
+    """`hvconform run --target node` of `profile`; its results.json, with `_output` (the tail
+    of what it printed) for assertion messages. /dev/kvm must be the same afterwards."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "conformance.cli", "run", "--target", "node", "--out", str(out),
+            "--reports-root", str(tmp_path), "--plugin-profile", str(profile), *extra]  # fmt: skip
+    before = kvm()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    assert kvm() == before, "/dev/kvm changed"
+    results = out / "results.json"
+    assert results.exists(), proc.stdout[-3000:] + proc.stderr[-2000:]
+    data: dict[str, Any] = json.loads(results.read_text())
+    data["_output"] = proc.stdout[-5000:] + proc.stderr[-2000:]
+    return data
+
+
+def statuses(data: dict[str, Any]) -> dict[str, str]:
+    return {c["id"]: c["status"] for c in data["checks"]}
