@@ -8,13 +8,38 @@ mount namespace).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Protocol, TypeVar
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol, TypeVar
 
 from conformance.contract.node import Area, FileInfo
 from conformance.contract.results import NotApplicable
 
 DEVICE = "kvm"  # the hypervisor node's name in a host-device view
+
+
+def discover_spec(node: Any, cdi_devices: Sequence[str]) -> str:
+    """The one top-level file in the CDI dir that declares the kind of the allocated device;
+    "" when the plugin injects no CDI device (then the CDI checks do not apply)."""
+    if not cdi_devices:
+        return ""
+    kind = cdi_devices[0].partition("=")[0]
+    found = []
+    for name in sorted(node.list_files("cdi")):
+        if name in node.sentinels:
+            continue
+        data = node.read_file("cdi", name) or b""
+        try:
+            declared = json.loads(data).get("kind")
+        except (ValueError, AttributeError):
+            continue
+        if declared == kind:
+            found.append(name)
+    if len(found) != 1:
+        raise AssertionError(
+            f"want exactly one spec in the CDI dir declaring kind {kind!r}, found {found or 'none'}"
+        )
+    return str(found[0])
 
 
 class NodeBase:

@@ -13,14 +13,31 @@ or its NodePrepareResources fails.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from conformance.contract.dra_profile import API_DEVICE_PLUGIN, API_DRA
-from conformance.contract.node import Node, PodView
+from conformance.contract.node import (
+    CAP_DEVICE_LATE,
+    CAP_NODE_REBOOT,
+    CAP_POD_DEVICE_HEALTH,
+    CAP_READ_STORM,
+    CAP_SOCKET_REDIRECT,
+    CAP_STREAM_END,
+    Node,
+    PodView,
+)
 
 # The plugin under test is a DRA driver on this node (checks of the device plugin API do not
 # apply; the DRA checks do).
 CAP_DRA = "dra"
+# What a device plugin's node does that a DRA driver's does not have, on every target: the
+# kubelet.sock socket dir and the ListAndWatch stream, the device checkpoint of a reboot, a read
+# storm of the one spec during Allocate, health in pod status for the extended-resource path
+# (v1.37.2 reports none there: manager.go skips containers without resources.claims).
+DEVICE_PLUGIN_ONLY = frozenset({CAP_SOCKET_REDIRECT, CAP_STREAM_END, CAP_NODE_REBOOT,
+                                CAP_DEVICE_LATE, CAP_POD_DEVICE_HEALTH, CAP_READ_STORM})  # fmt: skip
+# Taints that keep the scheduler off a device (allocatable() leaves those devices out).
+BLOCKING_TAINTS = ("NoSchedule", "NoExecute")
 
 
 def plugin_api(node: Node) -> str:
@@ -46,3 +63,17 @@ class DraNode(Node, Protocol):
     def pod_named(self, name: str) -> PodView | None: ...
     def pod_scheduled(self, name: str) -> bool: ...  # bound to the node, its claims allocated
     def prepare_failures(self, name: str) -> int: ...  # FailedPrepareDynamicResources events
+
+
+def slice_view(item: dict[str, Any], driver: str, node_name: str) -> SliceView | None:
+    """A ResourceSlice as the API server returns it, when it is `driver`'s for `node_name`."""
+    spec = item.get("spec", {})
+    if spec.get("driver") != driver or spec.get("nodeName") != node_name:
+        return None
+    devices = spec.get("devices") or []
+    tainted = sum(
+        1 for d in devices
+        if any(t.get("effect") in BLOCKING_TAINTS for t in d.get("taints") or [])
+    )  # fmt: skip
+    shared = sum(1 for d in devices if d.get("allowMultipleAllocations"))
+    return SliceView(item["metadata"]["uid"], len(devices), tainted, shared)

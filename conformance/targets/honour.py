@@ -7,7 +7,8 @@ per target family and written once, here, from what each family does with a prof
   process, with the node's directories bound where the profile's `paths` say;
 - the local target's container runtime runs `deploy.image` as its objects' plugin container
   says (command, args, env, mounts);
-- kind, AKS and an existing cluster apply `deploy`'s objects.
+- kind, AKS and an existing cluster apply `deploy`'s objects;
+- a DRA driver (the profile's `dra` section) runs where a target has a DRA node: node and kind.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 from conformance.contract.plugin import PluginUnderTest
 
 CLUSTERS = ("kind", "aks", "cluster")
+# Targets with a DRA node (conformance.contract.dra): the node target's, and kind's.
+DRA_TARGETS = ("node", "kind")
 
 
 def _where(target: str, runtime: str) -> str:
@@ -26,12 +29,12 @@ def refusal(plugin: PluginUnderTest, target: str, runtime: str, *, image: str = 
     where = _where(target, runtime)
     who = f"plugin {plugin.name!r} ({plugin.source})"
     from_image = target in CLUSTERS or runtime == "container"
-    if plugin.dra is not None and (target != "node" or runtime != "process"):
-        # No other target has a DRA side yet: the local target's kubelet is an emulator of the
-        # device plugin API, and the cluster targets deploy device plugins' objects only.
+    if plugin.dra is not None and (target not in DRA_TARGETS or runtime != "process"):
+        # The local target's kubelet is an emulator of the device plugin API; AKS and an
+        # existing cluster have no DRA node yet (kind's is the cluster family's first).
         return (
             f"dra: {who} is a DRA driver; {where} judges device plugins only: judge it with "
-            "--target node (a real kubelet, API server and scheduler)"
+            "--target node (a real kubelet, API server and scheduler) or --target kind"
         )
     if from_image and plugin.deploy is None:
         return (

@@ -61,16 +61,16 @@ def test_a_resource_other_than_the_extended_resource_is_refused(tmp_path: Path) 
 
 @pytest.mark.parametrize(
     ("target", "runtime"),
-    [("local", "process"), ("local", "container"), ("kind", "process"), ("cluster", "process"),
-     ("aks", "process")],
+    [("local", "process"), ("local", "container"), ("cluster", "process"), ("aks", "process")],
 )  # fmt: skip
 def test_targets_without_a_dra_side_refuse_a_driver(target: str, runtime: str) -> None:
     why = refusal(load_profile(SHIPPED_DRA), target, runtime)
     assert why.startswith("dra: ") and "--target node" in why
 
 
-def test_the_node_target_runs_a_driver() -> None:
-    assert refusal(load_profile(SHIPPED_DRA), "node", "process") == ""
+@pytest.mark.parametrize("target", ["node", "kind"])
+def test_the_node_and_kind_targets_run_a_driver(target: str) -> None:
+    assert refusal(load_profile(SHIPPED_DRA), target, "process") == ""
 
 
 def test_every_check_names_the_apis_it_judges() -> None:

@@ -69,7 +69,7 @@ class GuestPods:
             guest=CAP_GUEST in self.capabilities,
             resource=self.resource,
         )
-        created = self.api.create(pod)
+        created = self.api.create(self._placed(pod))
         status = wait_for(
             lambda: self._admitted(created), self.options.pod_timeout, "pod admission", self._poll
         )
@@ -81,6 +81,11 @@ class GuestPods:
         self._pods[id(allocation)] = status["pod"]
         allocation.cdi_devices = self._cdi_devices(status["pod"])
         return allocation
+
+    def _placed(self, pod: Obj) -> Obj:
+        """How a workload pod reaches this node: bound by hand (nodeName, the kubelet's own
+        admission answers); a DRA node schedules it instead."""
+        return pod
 
     def _node_tag(self) -> str:
         """Several nodes of one run share the work namespace: their pods are named apart."""

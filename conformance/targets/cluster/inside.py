@@ -103,18 +103,20 @@ class InsideFaults:
         self.capabilities = frozenset(caps)
         return ""
 
-    def _in(self, name: str, *args: str) -> None:
-        assert self.inside is not None
-        self.inside.run(self._plugin_container(), name, *args)
+    def _in(self, name: str, *args: str, via: InsidePlugin | None = None) -> None:
+        inside = via or self.inside
+        assert inside is not None
+        inside.run(self._plugin_container(), name, *args)
 
-    def inside_read_only(self, read_only: bool) -> None:
+    def inside_read_only(self, read_only: bool, via: InsidePlugin | None = None) -> None:
         """The node's CDI dir (what the runtime and the checks read) and the plugin's view of
-        it: both an empty read-only file system, then both back."""
+        it: both an empty read-only file system, then both back. `via`: this fault alone made
+        inside (a DRA node's; conformance.targets.cluster.dra_node)."""
         if read_only:
             self.files.sh("ro-on", self.files.dirs["cdi"], RO_STAGING)
-            self._in("ro-empty", self.layout.mounts["cdi"])
+            self._in("ro-empty", self.layout.mounts["cdi"], via=via)
         else:
-            self._in("undo", self.layout.mounts["cdi"])
+            self._in("undo", self.layout.mounts["cdi"], via=via)
             self.files.sh("ro-off", self.files.dirs["cdi"], RO_STAGING)
 
     def inside_sockets(self, empty: bool) -> None:

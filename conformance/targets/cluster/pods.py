@@ -92,6 +92,7 @@ class ClusterPods:
     if TYPE_CHECKING:  # GuestPods' and ClusterNode's, after this class in the MRO
 
         def _node_tag(self) -> str: ...
+        def _placed(self, pod: Obj) -> Obj: ...
         def _admitted(self, created: Obj) -> dict[str, Any] | None: ...
         def long_guest_counter(self, handle: str) -> int: ...
         def plugin_pod(self) -> Obj | None: ...
@@ -178,7 +179,7 @@ class ClusterPods:
 
     def _new_pod(self, prefix: str) -> Obj:
         self._serial += 1
-        return workload_pod(
+        pod = workload_pod(
             f"hvconform-{prefix}-{self.options.short_id}-{self._node_tag()}{self._serial}",
             self.options.work_namespace,
             self.node_name,
@@ -188,6 +189,7 @@ class ClusterPods:
             guest=CAP_GUEST in self.capabilities,
             resource=self.resource,
         )
+        return self._placed(pod)
 
     def start_pod(self, owner: str = "") -> PodView:
         self._started_pods = True

@@ -27,6 +27,7 @@ from conformance.targets.cluster.access import (
     NodeAccess,
 )
 from conformance.targets.cluster.deploy import Deployer, deploy_steps
+from conformance.targets.cluster.dra_node import ClusterDraNode
 from conformance.targets.cluster.kube import KubeApi, Obj
 from conformance.targets.cluster.lifecycle import Action, CleanupIncomplete, Runbook, RunReport
 from conformance.targets.cluster.node import ClusterNode
@@ -221,7 +222,9 @@ class ClusterLifecycle:
         )
 
     def open_node(self) -> None:
-        self.node = ClusterNode(
+        # a DRA driver's node observes slices and scheduled pods (honour lets only kind run one)
+        node_class = ClusterNode if self.plugin.dra is None else ClusterDraNode
+        self.node = node_class(
             name=self.name,
             api=self.api(),
             access=self.access(),

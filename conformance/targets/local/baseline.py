@@ -11,40 +11,15 @@ remaining checks on this node end `blocked`, never failed on account of an earli
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from conformance.contract.base import discover_spec
 from conformance.contract.node import CAP_GUEST, CAP_LONG_GUEST, Allocation
 from conformance.contract.wait import WaitExpired, wait_for
 
 RESTORE_TIMEOUT_S = 30.0
 FIRST_TRY_S = 5.0
-
-
-def discover_spec(node: Any, cdi_devices: Sequence[str]) -> str:
-    """The one top-level file in the CDI dir that declares the kind of the allocated device;
-    "" when the plugin injects no CDI device (then the CDI checks do not apply)."""
-    if not cdi_devices:
-        return ""
-    kind = cdi_devices[0].partition("=")[0]
-    found = []
-    for name in sorted(node.list_files("cdi")):
-        if name in node.sentinels:
-            continue
-        data = node.read_file("cdi", name) or b""
-        try:
-            declared = json.loads(data).get("kind")
-        except (ValueError, AttributeError):
-            continue
-        if declared == kind:
-            found.append(name)
-    if len(found) != 1:
-        raise AssertionError(
-            f"want exactly one spec in the CDI dir declaring kind {kind!r}, found {found or 'none'}"
-        )
-    return str(found[0])
 
 
 class BaselineRestore:

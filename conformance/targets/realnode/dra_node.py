@@ -27,16 +27,8 @@ from typing import Any
 
 import yaml
 
-from conformance.contract.dra import CAP_DRA, SliceView
-from conformance.contract.node import (
-    CAP_DEVICE_LATE,
-    CAP_NODE_REBOOT,
-    CAP_POD_DEVICE_HEALTH,
-    CAP_READ_STORM,
-    CAP_SOCKET_REDIRECT,
-    CAP_STREAM_END,
-    PodView,
-)
+from conformance.contract.dra import CAP_DRA, DEVICE_PLUGIN_ONLY, SliceView, slice_view
+from conformance.contract.node import PodView
 from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.results import EnvironmentBlocked
 from conformance.targets.local.sandbox import PluginSandbox
@@ -53,13 +45,6 @@ from plugin.api.dra_wire import RESOURCE_API
 RESOURCE = f"/apis/{RESOURCE_API}"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 DRIVER_USER = "hv-dra-driver"
-# What a device plugin's node does that a DRA driver's does not have: the kubelet.sock socket
-# dir and the ListAndWatch stream, the device checkpoint of a reboot, a read storm of the one
-# spec during Allocate, health in pod status for the extended-resource path (v1.37.2 reports
-# none there: manager.go skips containers without resources.claims).
-_DEVICE_PLUGIN_ONLY = frozenset({CAP_SOCKET_REDIRECT, CAP_STREAM_END, CAP_NODE_REBOOT,
-                                 CAP_DEVICE_LATE, CAP_POD_DEVICE_HEALTH, CAP_READ_STORM})  # fmt: skip
-_BLOCKING = ("NoSchedule", "NoExecute")
 
 
 def _rbac(driver: str) -> list[tuple[str, dict[str, Any]]]:
@@ -83,7 +68,7 @@ class RealDraNode(RealNode):
         super().__init__(out_dir=out_dir, worker=worker, plugin=plugin)
         assert plugin.dra is not None, "a DRA node runs a DRA driver"
         self.dra = plugin.dra
-        self.capabilities = (self.capabilities - _DEVICE_PLUGIN_ONLY) | {CAP_DRA}
+        self.capabilities = (self.capabilities - DEVICE_PLUGIN_ONLY) | {CAP_DRA}
         self._relay: ApiRelay | None = None
         self._made: list[str] = []  # API paths of the objects made here, deleted at the end
         self._registry = KUBELET_ROOT / "plugins_registry"
@@ -174,19 +159,8 @@ class RealDraNode(RealNode):
 
     def slices(self) -> list[SliceView]:
         items = self._api().get(f"{RESOURCE}/resourceslices")["items"]
-        views = []
-        for item in items:
-            spec = item.get("spec", {})
-            if spec.get("driver") != self.dra.driver or spec.get("nodeName") != NODE_NAME:
-                continue
-            devices = spec.get("devices") or []
-            tainted = sum(
-                1 for d in devices
-                if any(t.get("effect") in _BLOCKING for t in d.get("taints") or [])
-            )  # fmt: skip
-            shared = sum(1 for d in devices if d.get("allowMultipleAllocations"))
-            views.append(SliceView(item["metadata"]["uid"], len(devices), tainted, shared))
-        return views
+        views = (slice_view(item, self.dra.driver, NODE_NAME) for item in items)
+        return [v for v in views if v is not None]
 
     def capacity(self) -> int:
         return sum(s.devices for s in self.slices())

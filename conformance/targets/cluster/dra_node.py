@@ -1,0 +1,194 @@
+"""A cluster node with a DRA driver under test (the profile's `dra` section), on kind.
+
+The driver runs as its chart's DaemonSet (mode: dra) with the chart's RBAC, admission policy and
+DeviceClass, applied as the profile's deploy section renders them: nothing DRA-specific is made
+here. What differs from a device plugin's node is what conformance.contract.dra says:
+- capacity and allocatable are the devices of the driver's ResourceSlices for this node (the
+  node status has no extended resource of a DRA driver);
+- workload pods are scheduled, pinned by a nodeSelector: the scheduler allocates their claims,
+  a pod bound by hand (nodeName) never gets one;
+- a refusal is the scheduler's (Unschedulable) or the kubelet's (FailedPrepareDynamicResources);
+- the kubelet is stopped and started as a systemd unit inside the node, as the reboot does;
+- the plugin's CDI spec is the session claim's, found from the devices the runtime was asked
+  for (no spec exists before a claim is prepared);
+- read-only CDI storage is made in the driver's own view too when the chart's CDI mount does
+  not propagate node mounts into it (conformance.targets.cluster.inside): a claim prepared
+  meanwhile fails as it would on a read-only node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.contract.base import discover_spec
+from conformance.contract.dra import CAP_DRA, DEVICE_PLUGIN_ONLY, SliceView, slice_view
+from conformance.contract.node import CAP_GUEST, CAP_LONG_GUEST, CAP_READ_ONLY, Area, PodView
+from conformance.contract.wait import wait_for
+from conformance.targets.cluster.inside import InsidePlugin
+from conformance.targets.cluster.kube import Obj
+from conformance.targets.cluster.kubelet import to_monotonic
+from conformance.targets.cluster.node import ClusterNode
+from conformance.targets.cluster.pods import OWNER_LABEL, WORKLOAD_LABEL, pod_view
+from conformance.targets.cluster.reboot import START
+from plugin.api.dra_wire import RESOURCE_API
+
+PREPARE_FAILED = "FailedPrepareDynamicResources"  # the kubelet's event reason (v1.37.2)
+# A crash leaves the unit to systemd's Restart=always (kind's kubelet.service): stopped at once
+# after the kill, so the kubelet stays down until start_kubelet, as a crash of the node target's.
+STOP_KUBELET = {True: "systemctl stop kubelet",
+                False: "systemctl kill --signal=SIGKILL kubelet && systemctl stop kubelet"}  # fmt: skip
+
+
+class ClusterDraNode(ClusterNode):
+    """ClusterNode with the DRA node's observations (conformance.contract.dra.DraNode)."""
+
+    _cdi_inside: InsidePlugin | None = None  # read-only CDI storage made in the driver's view
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        assert self.plugin is not None and self.plugin.dra is not None, "a DRA driver's node"
+        self.dra = self.plugin.dra
+        self.capabilities = self._dra_capabilities(self.capabilities)
+
+    def _dra_capabilities(self, caps: frozenset[str]) -> frozenset[str]:
+        for cap in DEVICE_PLUGIN_ONLY & caps:
+            self.capability_notes[cap] = "the plugin under test is a DRA driver"
+        return (caps - DEVICE_PLUGIN_ONLY) | {CAP_DRA}
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """ClusterNode's setup in the order a DRA driver allows: the session pod's claim is
+        prepared before there is any spec to take as the baseline."""
+        t = self.options.rollout_timeout
+        self.kubelet_root = self.kubelet_root_dir()
+        wait_for(self.plugin_ready, t, "plugin readiness at node setup", self._poll)
+        wait_for(lambda: self.allocatable() > 0, t, "a published device at node setup", self._poll)
+        self.host_metadata_at_start = self.host_device_metadata()
+        self.enable_inside()
+        self._enable_cdi_inside()
+        self.enable_workload_faults()
+        for name, data in self.sentinels.items():
+            self.write_file("cdi", name, data)
+        allocation = self.allocate()
+        assert allocation.ok, (
+            f"the session pod was refused at node setup: {allocation.reason} {allocation.message}"
+        )
+        self.spec_name = self.spec_name or discover_spec(self, allocation.cdi_devices)
+        if self.spec_name:
+            self.baseline_spec = wait_for(lambda: self.read_file("cdi", self.spec_name), t,
+                                          "the session claim's CDI spec at setup", self._poll)  # fmt: skip
+        if CAP_LONG_GUEST in self.capabilities and allocation.cdi_devices:
+            self.session_guest = self.start_long_guest(allocation)
+        else:  # nothing injected through CDI: no guest can be judged here
+            self.release(allocation)
+            self.capabilities -= {CAP_GUEST, CAP_LONG_GUEST}
+
+    def enable_workload_faults(self) -> None:
+        super().enable_workload_faults()
+        self.capabilities = self._dra_capabilities(self.capabilities)
+        # pod-resources' GetAllocatableResources lists device-plugin devices only: a sample of
+        # it says nothing of a DRA driver's
+        self.stop_sampler()
+
+    def _enable_cdi_inside(self) -> None:
+        if CAP_READ_ONLY in self.capabilities or "cdi" not in self.layout.mounts:
+            return
+        inside = InsidePlugin(self.access)
+        why = inside.probe(self._plugin_container())
+        if why:
+            self.capability_notes[CAP_READ_ONLY] = why
+            return
+        self._cdi_inside = inside
+        self.capabilities |= {CAP_READ_ONLY}
+
+    def set_storage_read_only(self, area: Area, read_only: bool) -> None:
+        if self._cdi_inside is None:
+            return super().set_storage_read_only(area, read_only)
+        assert area == "cdi", "only the CDI dir can be made read-only on a cluster node"
+        self.inside_read_only(read_only, via=self._cdi_inside)
+
+    # -- observations ---------------------------------------------------------------------
+
+    def slices(self) -> list[SliceView]:
+        items = self.api.list_objects(RESOURCE_API, "ResourceSlice")
+        views = (slice_view(item, self.dra.driver, self.node_name) for item in items)
+        return [v for v in views if v is not None]
+
+    def capacity(self) -> int:
+        return sum(s.devices for s in self.slices())
+
+    def allocatable(self) -> int:
+        return sum(s.devices - s.tainted for s in self.slices())
+
+    # -- pods -----------------------------------------------------------------------------
+
+    def _placed(self, pod: Obj) -> Obj:
+        pod["spec"].pop("nodeName", None)
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": self.node_name}
+        return pod
+
+    def _admitted(self, created: Obj) -> dict[str, Any] | None:
+        settled = super()._admitted(created)
+        if settled is not None:
+            return settled
+        name = created["metadata"]["name"]
+        pod = self.api.get("v1", "Pod", name, self.options.work_namespace)
+        if pod is None:
+            return None
+        status = pod.get("status", {})
+        refused = {"ok": False, "phase": status.get("phase", "Pending"), "pod": pod}
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+                return {**refused, "reason": "Unschedulable", "message": cond.get("message", "")}
+        failed = self._prepare_events(name)
+        if failed:
+            return {**refused, "reason": PREPARE_FAILED, "message": failed[-1]}
+        return None
+
+    def _prepare_events(self, name: str) -> list[str]:
+        """Each failed NodePrepareResources of the pod, as the kubelet's events count them."""
+        fields = f"involvedObject.name={name},reason={PREPARE_FAILED}"
+        events = self.api.list_objects("v1", "Event", self.options.work_namespace, fields=fields)
+        out: list[str] = []
+        for ev in events:
+            out += [str(ev.get("message", ""))] * max(1, int(ev.get("count") or 1))
+        return out
+
+    def prepare_failures(self, name: str) -> int:
+        return len(self._prepare_events(name))
+
+    def submit_pod(self) -> str:
+        self._started_pods = True
+        pod = self._new_pod("pod")
+        name = str(pod["metadata"]["name"])
+        pod["metadata"]["labels"].update({OWNER_LABEL: "", WORKLOAD_LABEL: name})
+        self.api.create(pod)
+        return name
+
+    def pod_named(self, name: str) -> PodView | None:
+        pod = self.api.get("v1", "Pod", name, self.options.work_namespace)
+        return None if pod is None else pod_view(pod)
+
+    def pod_scheduled(self, name: str) -> bool:
+        pod = self.api.get("v1", "Pod", name, self.options.work_namespace) or {}
+        return bool(pod.get("spec", {}).get("nodeName") == self.node_name)
+
+    # -- the kubelet ----------------------------------------------------------------------
+
+    def stop_kubelet(self, graceful: bool) -> None:
+        self._node_down = True  # first: a check that fails meanwhile has it started again
+        self._node(["sh", "-c", STOP_KUBELET[graceful]])
+
+    def start_kubelet(self) -> float:
+        """Started; returns when its socket was made (the node's clock), as restart_kubelet."""
+        issued = float(self._node(["sh", "-c", START]).split()[0])
+        self._node_down = False
+
+        def back() -> float | None:
+            pid, sock, _ = self._kubelet_state()
+            return sock if pid != "0" and sock > issued else None
+
+        made = wait_for(back, self.options.pod_timeout, "the kubelet's socket after its start",
+                        min(0.2, self._poll))  # fmt: skip
+        return to_monotonic(made)
