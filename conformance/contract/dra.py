@@ -12,6 +12,7 @@ or its NodePrepareResources fails.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -77,3 +78,48 @@ def slice_view(item: dict[str, Any], driver: str, node_name: str) -> SliceView |
     )  # fmt: skip
     shared = sum(1 for d in devices if d.get("allowMultipleAllocations"))
     return SliceView(item["metadata"]["uid"], len(devices), tainted, shared)
+
+
+class SliceCounts:
+    """capacity() and allocatable() of a DRA node, from its slices() (both DRA nodes)."""
+
+    def slices(self) -> list[SliceView]:
+        raise NotImplementedError
+
+    def capacity(self) -> int:
+        return sum(s.devices for s in self.slices())
+
+    def allocatable(self) -> int:
+        return sum(s.devices - s.tainted for s in self.slices())
+
+
+# The kubelet's event reason for a failed NodePrepareResources (v1.37.2 pkg/kubelet/events).
+PREPARE_FAILED = "FailedPrepareDynamicResources"
+
+
+def scheduled_to(pod: dict[str, Any], node_name: str) -> dict[str, Any]:
+    """A workload pod placed by the scheduler on `node_name` (it allocates the pod's claims; a
+    pod bound by hand through nodeName never gets one)."""
+    pod["spec"].pop("nodeName", None)
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node_name}
+    return pod
+
+
+def each_event(events: list[dict[str, Any]]) -> list[str]:
+    """Every occurrence of the events' messages (an aggregated event counts them)."""
+    out: list[str] = []
+    for ev in events:
+        out += [str(ev.get("message", ""))] * max(1, int(ev.get("count") or 1))
+    return out
+
+
+def refusal(
+    pod: dict[str, Any], prepare_failures: Callable[[], list[str]]
+) -> tuple[str, str] | None:
+    """Why a pending pod is refused (reason, message): unschedulable, or its claims' prepare
+    failed (the events asked only when it was scheduled); None while it may still run."""
+    for cond in pod.get("status", {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+            return "Unschedulable", str(cond.get("message", ""))
+    failed = prepare_failures()
+    return (PREPARE_FAILED, failed[-1]) if failed else None

@@ -21,7 +21,17 @@ from __future__ import annotations
 from typing import Any
 
 from conformance.contract.base import discover_spec
-from conformance.contract.dra import CAP_DRA, DEVICE_PLUGIN_ONLY, SliceView, slice_view
+from conformance.contract.dra import (
+    CAP_DRA,
+    DEVICE_PLUGIN_ONLY,
+    PREPARE_FAILED,
+    SliceCounts,
+    SliceView,
+    each_event,
+    refusal,
+    scheduled_to,
+    slice_view,
+)
 from conformance.contract.node import CAP_GUEST, CAP_LONG_GUEST, CAP_READ_ONLY, Area, PodView
 from conformance.contract.wait import wait_for
 from conformance.targets.cluster.inside import InsidePlugin
@@ -32,14 +42,13 @@ from conformance.targets.cluster.pods import OWNER_LABEL, WORKLOAD_LABEL, pod_vi
 from conformance.targets.cluster.reboot import START
 from plugin.api.dra_wire import RESOURCE_API
 
-PREPARE_FAILED = "FailedPrepareDynamicResources"  # the kubelet's event reason (v1.37.2)
 # A crash leaves the unit to systemd's Restart=always (kind's kubelet.service): stopped at once
 # after the kill, so the kubelet stays down until start_kubelet, as a crash of the node target's.
 STOP_KUBELET = {True: "systemctl stop kubelet",
                 False: "systemctl kill --signal=SIGKILL kubelet && systemctl stop kubelet"}  # fmt: skip
 
 
-class ClusterDraNode(ClusterNode):
+class ClusterDraNode(SliceCounts, ClusterNode):
     """ClusterNode with the DRA node's observations (conformance.contract.dra.DraNode)."""
 
     _cdi_inside: InsidePlugin | None = None  # read-only CDI storage made in the driver's view
@@ -115,18 +124,10 @@ class ClusterDraNode(ClusterNode):
         views = (slice_view(item, self.dra.driver, self.node_name) for item in items)
         return [v for v in views if v is not None]
 
-    def capacity(self) -> int:
-        return sum(s.devices for s in self.slices())
-
-    def allocatable(self) -> int:
-        return sum(s.devices - s.tainted for s in self.slices())
-
     # -- pods -----------------------------------------------------------------------------
 
     def _placed(self, pod: Obj) -> Obj:
-        pod["spec"].pop("nodeName", None)
-        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": self.node_name}
-        return pod
+        return scheduled_to(pod, self.node_name)
 
     def _admitted(self, created: Obj) -> dict[str, Any] | None:
         settled = super()._admitted(created)
@@ -136,24 +137,18 @@ class ClusterDraNode(ClusterNode):
         pod = self.api.get("v1", "Pod", name, self.options.work_namespace)
         if pod is None:
             return None
-        status = pod.get("status", {})
-        refused = {"ok": False, "phase": status.get("phase", "Pending"), "pod": pod}
-        for cond in status.get("conditions") or []:
-            if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
-                return {**refused, "reason": "Unschedulable", "message": cond.get("message", "")}
-        failed = self._prepare_events(name)
-        if failed:
-            return {**refused, "reason": PREPARE_FAILED, "message": failed[-1]}
-        return None
+        why = refusal(pod, lambda: self._prepare_events(name))
+        if why is None:
+            return None
+        phase = pod.get("status", {}).get("phase", "Pending")
+        return {"ok": False, "phase": phase, "pod": pod, "reason": why[0], "message": why[1]}
 
     def _prepare_events(self, name: str) -> list[str]:
         """Each failed NodePrepareResources of the pod, as the kubelet's events count them."""
         fields = f"involvedObject.name={name},reason={PREPARE_FAILED}"
-        events = self.api.list_objects("v1", "Event", self.options.work_namespace, fields=fields)
-        out: list[str] = []
-        for ev in events:
-            out += [str(ev.get("message", ""))] * max(1, int(ev.get("count") or 1))
-        return out
+        return each_event(
+            self.api.list_objects("v1", "Event", self.options.work_namespace, fields=fields)
+        )
 
     def prepare_failures(self, name: str) -> int:
         return len(self._prepare_events(name))

@@ -27,7 +27,17 @@ from typing import Any
 
 import yaml
 
-from conformance.contract.dra import CAP_DRA, DEVICE_PLUGIN_ONLY, SliceView, slice_view
+from conformance.contract.dra import (
+    CAP_DRA,
+    DEVICE_PLUGIN_ONLY,
+    PREPARE_FAILED,
+    SliceCounts,
+    SliceView,
+    each_event,
+    refusal,
+    scheduled_to,
+    slice_view,
+)
 from conformance.contract.node import PodView
 from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.results import EnvironmentBlocked
@@ -35,6 +45,7 @@ from conformance.targets.local.sandbox import PluginSandbox
 from conformance.targets.realnode import API_PORT, KUBELET_ROOT, NODE_NAME, procs, stack
 from conformance.targets.realnode.api_relay import ApiRelay
 from conformance.targets.realnode.configs import NAMESPACE, PKI
+from conformance.targets.realnode.events import klog_monotonic
 from conformance.targets.realnode.kubeapi import ApiError
 from conformance.targets.realnode.node import RealNode
 from conformance.targets.realnode.pki import ensure_client, kubeconfig
@@ -47,7 +58,7 @@ RBAC = "/apis/rbac.authorization.k8s.io/v1"
 DRIVER_USER = "hv-dra-driver"
 
 
-def _rbac(driver: str) -> list[tuple[str, dict[str, Any]]]:
+def _rbac() -> list[tuple[str, dict[str, Any]]]:
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
             "metadata": {"name": DRIVER_USER},
             "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
@@ -63,7 +74,7 @@ def _rbac(driver: str) -> list[tuple[str, dict[str, Any]]]:
     return [(f"{RBAC}/clusterroles", role), (f"{RBAC}/clusterrolebindings", binding)]
 
 
-class RealDraNode(RealNode):
+class RealDraNode(SliceCounts, RealNode):
     def __init__(self, *, out_dir: Path, worker: str, plugin: PluginUnderTest) -> None:
         super().__init__(out_dir=out_dir, worker=worker, plugin=plugin)
         assert plugin.dra is not None, "a DRA node runs a DRA driver"
@@ -73,6 +84,7 @@ class RealDraNode(RealNode):
         self._made: list[str] = []  # API paths of the objects made here, deleted at the end
         self._registry = KUBELET_ROOT / "plugins_registry"
         self._endpoint_dir = Path(self.dra.endpoint_dir)
+        self._stopped_wall = 0.0  # when stop_kubelet stopped it (its new socket is newer)
 
     # -- around the plugin ----------------------------------------------------------------
 
@@ -83,7 +95,7 @@ class RealDraNode(RealNode):
                 f"below {KUBELET_ROOT / 'plugins'} (its own path, as a hostPath gives it)"
             )
         ensure_client(PKI, DRIVER_USER, f"/O={DRIVER_USER}/CN={DRIVER_USER}")
-        for path, body in _rbac(self.dra.driver):
+        for path, body in _rbac():
             self._make(path, body)
         self._make(f"{RESOURCE}/deviceclasses", self._device_class())
         self._registry.mkdir(parents=True, exist_ok=True)
@@ -162,16 +174,9 @@ class RealDraNode(RealNode):
         views = (slice_view(item, self.dra.driver, NODE_NAME) for item in items)
         return [v for v in views if v is not None]
 
-    def capacity(self) -> int:
-        return sum(s.devices for s in self.slices())
-
-    def allocatable(self) -> int:
-        return sum(s.devices - s.tainted for s in self.slices())
-
     def _delete_slices(self) -> None:
         for item in self._api().get(f"{RESOURCE}/resourceslices")["items"]:
-            spec = item.get("spec", {})
-            if spec.get("driver") == self.dra.driver and spec.get("nodeName") == NODE_NAME:
+            if slice_view(item, self.dra.driver, NODE_NAME) is not None:
                 with contextlib.suppress(ApiError):
                     self._api().request(
                         "DELETE", f"{RESOURCE}/resourceslices/{item['metadata']['name']}"
@@ -179,8 +184,6 @@ class RealDraNode(RealNode):
 
     def last_registration_at(self) -> float | None:
         """When the kubelet's plugin watcher last started registering a driver socket."""
-        from conformance.targets.realnode.events import klog_monotonic
-
         last = None
         for line in procs.log_tail("kubelet", 5000).splitlines():
             if "OperationExecutor.RegisterPlugin started" in line and str(self._registry) in line:
@@ -190,9 +193,7 @@ class RealDraNode(RealNode):
     # -- pods ---------------------------------------------------------------------------------
 
     def _placed(self, pod: dict[str, Any]) -> dict[str, Any]:
-        pod["spec"].pop("nodeName", None)
-        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": NODE_NAME}
-        return pod
+        return scheduled_to(pod, NODE_NAME)
 
     def _allocation_settled(self, name: str) -> tuple[dict[str, Any], str, str] | None:
         settled = super()._allocation_settled(name)
@@ -201,22 +202,13 @@ class RealDraNode(RealNode):
         pod = self._pod(name)
         if pod is None:
             return None
-        for cond in pod.get("status", {}).get("conditions") or []:
-            if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
-                return pod, "Unschedulable", str(cond.get("message", ""))
-        failed = self._prepare_events(name)
-        if failed:
-            return pod, "FailedPrepareDynamicResources", failed[-1]
-        return None
+        why = refusal(pod, lambda: self._prepare_events(name))
+        return None if why is None else (pod, *why)
 
     def _prepare_events(self, name: str) -> list[str]:
         path = (f"/api/v1/namespaces/{NAMESPACE}/events?fieldSelector="
-                f"involvedObject.name%3D{name},reason%3DFailedPrepareDynamicResources")  # fmt: skip
-        items = self._api().get(path)["items"]
-        out: list[str] = []
-        for ev in items:
-            out += [str(ev.get("message", ""))] * max(1, int(ev.get("count") or 1))
-        return out
+                f"involvedObject.name%3D{name},reason%3D{PREPARE_FAILED}")  # fmt: skip
+        return each_event(self._api().get(path)["items"])
 
     def prepare_failures(self, name: str) -> int:
         return len(self._prepare_events(name))
@@ -248,5 +240,3 @@ class RealDraNode(RealNode):
     def start_kubelet(self) -> float:
         stack.start_kubelet(self.api)
         return kubelet_sock_made(self._stopped_wall)
-
-    _stopped_wall = 0.0
