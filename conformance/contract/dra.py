@@ -31,6 +31,9 @@ from conformance.contract.node import (
 # The plugin under test is a DRA driver on this node (checks of the device plugin API do not
 # apply; the DRA checks do).
 CAP_DRA = "dra"
+# The kubelet can be held stopped and started again (stop_kubelet / start_kubelet): not through
+# node access that rides on the kubelet itself (an exec in a diagnostic pod).
+CAP_KUBELET_STOP = "kubelet-stop"
 # What a device plugin's node does that a DRA driver's does not have, on every target: the
 # kubelet.sock socket dir and the ListAndWatch stream, the device checkpoint of a reboot, a read
 # storm of the one spec during Allocate, health in pod status for the extended-resource path

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from conformance.contract.dra import CAP_DRA, DraNode
+from conformance.contract.dra import CAP_DRA, CAP_KUBELET_STOP, DraNode
 from conformance.contract.node import CAP_KUBELET_CRASH, CAP_READ_ONLY, Node, PodView, require
 from conformance.contract.results import NotApplicable, Recorder
 from conformance.contract.wait import wait_for
@@ -92,7 +92,7 @@ def _republished(node: DraNode, rec: Recorder, before: set[str], back: float, la
 
 
 def kubelet_restart(node: Node, rec: Recorder) -> None:
-    dra = _dra(node)
+    dra = _dra(node, CAP_KUBELET_STOP)
     wait_ready(dra, rec, "before kubelet restarts")
     pod = dra.start_pod()
     assert pod.phase == RUNNING, f"pod refused before any fault: {pod.reason} {pod.message}"
@@ -114,7 +114,7 @@ def kubelet_restart(node: Node, rec: Recorder) -> None:
 
 
 def pod_while_kubelet_down(node: Node, rec: Recorder) -> None:
-    dra = _dra(node)
+    dra = _dra(node, CAP_KUBELET_STOP)
     wait_ready(dra, rec, "before kubelet stop")
     dra.stop_kubelet(True)
     rec.event("kubelet stopped")
@@ -129,7 +129,7 @@ def pod_while_kubelet_down(node: Node, rec: Recorder) -> None:
 
 
 def prepare_retried(node: Node, rec: Recorder) -> None:
-    dra = _dra(node, CAP_READ_ONLY)
+    dra = _dra(node, CAP_READ_ONLY, CAP_KUBELET_STOP)
     wait_ready(dra, rec, "before fault")
     # Allocated by the scheduler while nothing is wrong (the kubelet down, so nothing is
     # prepared yet); then the claim's spec cannot be written when the kubelet asks.

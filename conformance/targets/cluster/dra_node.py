@@ -23,6 +23,7 @@ from typing import Any
 from conformance.contract.base import discover_spec
 from conformance.contract.dra import (
     CAP_DRA,
+    CAP_KUBELET_STOP,
     DEVICE_PLUGIN_ONLY,
     PREPARE_FAILED,
     SliceCounts,
@@ -36,16 +37,10 @@ from conformance.contract.node import CAP_GUEST, CAP_LONG_GUEST, CAP_READ_ONLY, 
 from conformance.contract.wait import wait_for
 from conformance.targets.cluster.inside import InsidePlugin
 from conformance.targets.cluster.kube import Obj
-from conformance.targets.cluster.kubelet import to_monotonic
+from conformance.targets.cluster.kubelet import KUBELET_START, KUBELET_STOP, to_monotonic
 from conformance.targets.cluster.node import ClusterNode
 from conformance.targets.cluster.pods import OWNER_LABEL, WORKLOAD_LABEL, pod_view
-from conformance.targets.cluster.reboot import START
 from plugin.api.dra_wire import RESOURCE_API
-
-# A crash leaves the unit to systemd's Restart=always (kind's kubelet.service): stopped at once
-# after the kill, so the kubelet stays down until start_kubelet, as a crash of the node target's.
-STOP_KUBELET = {True: "systemctl stop kubelet",
-                False: "systemctl kill --signal=SIGKILL kubelet && systemctl stop kubelet"}  # fmt: skip
 
 
 class ClusterDraNode(SliceCounts, ClusterNode):
@@ -62,7 +57,14 @@ class ClusterDraNode(SliceCounts, ClusterNode):
     def _dra_capabilities(self, caps: frozenset[str]) -> frozenset[str]:
         for cap in DEVICE_PLUGIN_ONLY & caps:
             self.capability_notes[cap] = "the plugin under test is a DRA driver"
-        return (caps - DEVICE_PLUGIN_ONLY) | {CAP_DRA}
+        caps = (caps - DEVICE_PLUGIN_ONLY) | {CAP_DRA}
+        if getattr(self.access, "local_path", None) is None:  # the diagnostic pod's exec
+            self.capability_notes[CAP_KUBELET_STOP] = (
+                f"node access through {self.access.where} rides on the kubelet: it cannot "
+                "start a kubelet it has stopped (use --node-access direct)"
+            )
+            return caps
+        return caps | {CAP_KUBELET_STOP}
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -173,11 +175,12 @@ class ClusterDraNode(SliceCounts, ClusterNode):
 
     def stop_kubelet(self, graceful: bool) -> None:
         self._node_down = True  # first: a check that fails meanwhile has it started again
-        self._node(["sh", "-c", STOP_KUBELET[graceful]])
+        how = "graceful" if graceful else "crash"
+        self._node(["sh", "-c", KUBELET_STOP, "sh", how])
 
     def start_kubelet(self) -> float:
         """Started; returns when its socket was made (the node's clock), as restart_kubelet."""
-        issued = float(self._node(["sh", "-c", START]).split()[0])
+        issued = float(self._node(["sh", "-c", KUBELET_START]).split()[0])
         self._node_down = False
 
         def back() -> float | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from conformance.contract.nodeinit import KUBELET_LOG, KUBELET_PID
+from conformance.contract.nodeinit import KUBELET_HOLD, KUBELET_LOG, KUBELET_PID
 from conformance.contract.wait import wait_for
 from conformance.targets.cluster.access import NodeAccess, NodeAccessError
 from conformance.targets.cluster.plan import ClusterOptions
@@ -41,6 +41,21 @@ KUBELET_RESTART = (
     f'then kill -KILL "$(cat {KUBELET_PID})"; else kill -HUP 1; fi; '
     'elif [ "$1" = crash ]; then systemctl kill --signal=SIGKILL kubelet; '
     "else systemctl restart kubelet; fi) </dev/null >/dev/null 2>&1 &"
+)
+# Held stopped until KUBELET_START ($1: graceful or crash), as `systemctl stop kubelet`: it
+# returns once the kubelet is gone. A crash is a SIGKILL that systemd's Restart=always (or the
+# node init) would answer: stopped (held) at once after it, so it stays down until the start.
+KUBELET_STOP = (
+    f"if {_HAS_INIT}; then touch {KUBELET_HOLD}; pid=$(cat {KUBELET_PID}); "
+    '[ "$1" = crash ] && sig=KILL || sig=TERM; kill -s "$sig" "$pid" 2>/dev/null; '
+    'while [ -d "/proc/$pid" ] && ! grep -q "^State:.*Z" "/proc/$pid/status" 2>/dev/null; '
+    "do sleep 0.1; done; "
+    'elif [ "$1" = crash ]; then systemctl kill --signal=SIGKILL kubelet && systemctl stop kubelet; '
+    "else systemctl stop kubelet; fi"
+)
+# Started again; prints the node's wall-clock time first (its new socket is newer than that).
+KUBELET_START = (
+    f"date +%s.%N; if {_HAS_INIT}; then rm -f {KUBELET_HOLD}; else systemctl start kubelet; fi"
 )
 REGISTRATIONS = (
     f"{{ if {_HAS_INIT}; then awk -v s=\"$1\" '$1 >= s' {KUBELET_LOG}; "

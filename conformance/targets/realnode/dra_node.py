@@ -29,6 +29,7 @@ import yaml
 
 from conformance.contract.dra import (
     CAP_DRA,
+    CAP_KUBELET_STOP,
     DEVICE_PLUGIN_ONLY,
     PREPARE_FAILED,
     SliceCounts,
@@ -79,7 +80,7 @@ class RealDraNode(SliceCounts, RealNode):
         super().__init__(out_dir=out_dir, worker=worker, plugin=plugin)
         assert plugin.dra is not None, "a DRA node runs a DRA driver"
         self.dra = plugin.dra
-        self.capabilities = (self.capabilities - DEVICE_PLUGIN_ONLY) | {CAP_DRA}
+        self.capabilities = (self.capabilities - DEVICE_PLUGIN_ONLY) | {CAP_DRA, CAP_KUBELET_STOP}
         self._relay: ApiRelay | None = None
         self._made: list[str] = []  # API paths of the objects made here, deleted at the end
         self._registry = KUBELET_ROOT / "plugins_registry"

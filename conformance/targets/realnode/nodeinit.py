@@ -7,7 +7,8 @@ AKS), its own mount namespace (its own /var/lib/kubelet and CDI dir: two kubelet
 never share a plugin directory), and an init that does what systemd does for a kubelet:
 
     SIGHUP             graceful restart of the kubelet (SIGTERM, wait, start again)
-    kubelet exits      started again after RESTART_DELAY_S (Restart=always): a crash is a kill -9
+    kubelet exits      started again after RESTART_DELAY_S (Restart=always): a crash is a kill -9,
+                       unless SELF/kubelet.hold exists (a stopped kubelet, until it is removed)
     SIGTERM / SIGINT   kubelet stopped, every pod removed through CRI, containerd stopped; when
                        this process exits the kernel ends whatever is left in the namespace
 
@@ -28,6 +29,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from conformance.contract.nodeinit import HOLD_FILE
 
 RESTART_DELAY_S = 0.5
 STOP_TIMEOUT_S = 20.0
@@ -120,6 +123,9 @@ class Init:
                 self.start_kubelet()
                 continue
             if self.kubelet is not None and self.kubelet.poll() is not None:
+                if (self.run / HOLD_FILE).exists():
+                    self.exited_at = None  # held stopped: the delay counts from the release
+                    continue
                 now = time.monotonic()
                 self.exited_at = self.exited_at or now
                 if now - self.exited_at >= RESTART_DELAY_S:
