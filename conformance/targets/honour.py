@@ -8,7 +8,9 @@ per target family and written once, here, from what each family does with a prof
 - the local target's container runtime runs `deploy.image` as its objects' plugin container
   says (command, args, env, mounts);
 - kind, AKS and an existing cluster apply `deploy`'s objects;
-- a DRA driver (the profile's `dra` section) runs where a target has a DRA node: node and kind.
+- a DRA driver (the profile's `dra` section) runs where a target has a DRA node: node, kind and
+  an existing cluster (whose pods reach the API server in-cluster, as the driver's DaemonSet
+  does).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from __future__ import annotations
 from conformance.contract.plugin import PluginUnderTest
 
 CLUSTERS = ("kind", "aks", "cluster")
-# Targets with a DRA node (conformance.contract.dra): the node target's, and kind's.
-DRA_TARGETS = ("node", "kind")
+# Targets with a DRA node (conformance.contract.dra): the node target's, kind's, a cluster's.
+DRA_TARGETS = ("node", "kind", "cluster")
 
 
 def _where(target: str, runtime: str) -> str:
@@ -30,11 +32,12 @@ def refusal(plugin: PluginUnderTest, target: str, runtime: str, *, image: str = 
     who = f"plugin {plugin.name!r} ({plugin.source})"
     from_image = target in CLUSTERS or runtime == "container"
     if plugin.dra is not None and (target not in DRA_TARGETS or runtime != "process"):
-        # The local target's kubelet is an emulator of the device plugin API; AKS and an
-        # existing cluster have no DRA node yet (kind's is the cluster family's first).
+        # The local target's kubelet is an emulator of the device plugin API; AKS's recorded
+        # contract has no DRA side (no AKS API here to measure one against).
         return (
             f"dra: {who} is a DRA driver; {where} judges device plugins only: judge it with "
-            "--target node (a real kubelet, API server and scheduler) or --target kind"
+            "--target node (a real kubelet, API server and scheduler), --target kind or "
+            "--target cluster"
         )
     if from_image and plugin.deploy is None:
         return (

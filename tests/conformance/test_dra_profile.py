@@ -61,15 +61,15 @@ def test_a_resource_other_than_the_extended_resource_is_refused(tmp_path: Path) 
 
 @pytest.mark.parametrize(
     ("target", "runtime"),
-    [("local", "process"), ("local", "container"), ("cluster", "process"), ("aks", "process")],
+    [("local", "process"), ("local", "container"), ("aks", "process"), ("cluster", "container")],
 )  # fmt: skip
 def test_targets_without_a_dra_side_refuse_a_driver(target: str, runtime: str) -> None:
     why = refusal(load_profile(SHIPPED_DRA), target, runtime)
     assert why.startswith("dra: ") and "--target node" in why
 
 
-@pytest.mark.parametrize("target", ["node", "kind"])
-def test_the_node_and_kind_targets_run_a_driver(target: str) -> None:
+@pytest.mark.parametrize("target", ["node", "kind", "cluster"])
+def test_the_node_kind_and_cluster_targets_run_a_driver(target: str) -> None:
     assert refusal(load_profile(SHIPPED_DRA), target, "process") == ""
 
 

@@ -35,6 +35,10 @@ CONTAINERD_SOCKET = RUN / "containerd" / "containerd.sock"
 PAUSE_IMAGE = "hv-node.local/pause:1"
 NODE_NAME = "hv-node"
 API_PORT = 16443
+# The Service range; its first address is the `kubernetes` Service's, which the cluster-mode
+# nodes serve on lo (api_relay): pods reach the API server in-cluster, as anywhere else.
+SERVICE_CIDR = "10.87.1.0/24"
+SERVICE_IP = "10.87.1.1"
 ETCD_CLIENT_PORT = 12379
 ETCD_PEER_PORT = 12380
 # Feature gates the node stack sets on its components: none, so v1.37.2's defaults hold (the

@@ -11,20 +11,37 @@ no address of this host is opened to anything else.
 The listening socket is made by a short-lived thread that enters the namespace (setns applies
 to the calling thread only); every other socket is made in this host's namespace. close() ends
 every connection and joins every thread: nothing outlives the node.
+
+Cluster-mode nodes (`node-up --nodes N`) run it as a process of its own, in this host's
+namespace: it listens on the `kubernetes` Service's address (SERVICE_IP, on lo while the nodes
+are up) at 443 and copies to the API server, so a pod's in-cluster configuration
+(KUBERNETES_SERVICE_HOST, the service-account CA) reaches the API server as it does through a
+service proxy on any cluster: a DRA driver's DaemonSet runs there unchanged, without the host's
+network. The API server's certificate names SERVICE_IP.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import os
 import select
+import signal
 import socket
 import threading
 from pathlib import Path
 
 _CLONE_NEWNET = 0x40000000
 _CHUNK = 64 * 1024
+
+
+def _listen(address: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((address, port))
+    sock.listen(16)
+    return sock
 
 
 def _listen_in(netns: Path, port: int) -> socket.socket:
@@ -38,11 +55,7 @@ def _listen_in(netns: Path, port: int) -> socket.socket:
             if libc.setns(fd, _CLONE_NEWNET) != 0:
                 err = ctypes.get_errno()
                 raise OSError(err, f"setns {netns}: {os.strerror(err)}")
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", port))
-            sock.listen(16)
-            made.append(sock)
+            made.append(_listen("127.0.0.1", port))
         except BaseException as exc:
             failed.append(exc)
         finally:
@@ -58,9 +71,11 @@ def _listen_in(netns: Path, port: int) -> socket.socket:
 
 
 class ApiRelay:
-    def __init__(self, netns: Path, port: int) -> None:
+    """netns: listen on 127.0.0.1:port inside it; None: on `listen` (address, port) here."""
+
+    def __init__(self, netns: Path | None, port: int, listen: tuple[str, int] = ("", 0)) -> None:
         self.netns, self.port = netns, port
-        self._listener = _listen_in(netns, port)
+        self._listener = _listen_in(netns, port) if netns is not None else _listen(*listen)
         self._stop_r, self._stop_w = os.pipe()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -126,3 +141,26 @@ class ApiRelay:
                 os.close(fd)
         alive = [t.name for t in (self._accepting, *threads) if t.is_alive()]
         return [f"API relay thread {name} still running" for name in alive]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hv-api-relay", description="Copy TCP connections on ADDRESS:PORT to the API server."
+    )
+    parser.add_argument("--listen", required=True, metavar="ADDRESS:PORT")
+    parser.add_argument("--api-port", required=True, type=int, help="the API server's, on lo")
+    args = parser.parse_args(argv)
+    address, _, port = args.listen.rpartition(":")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, f: stop.set())
+    relay = ApiRelay(None, args.api_port, (address, int(port)))
+    stop.wait()
+    left = relay.close()
+    for line in left:
+        print(line, flush=True)
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,10 +24,13 @@ from pathlib import Path
 
 from conformance.contract.nodeinit import CRICTL, SELF
 from conformance.targets.realnode import (
+    API_PORT,
     BIN,
     CNI_PLUGINS,
     NODE_NAME,
     RUN,
+    SERVICE_CIDR,
+    SERVICE_IP,
     STATE,
     procs,
 )
@@ -54,6 +57,7 @@ ADMIN_KUBECONFIG = RUN / "admin.kubeconfig"
 NODE_LABELS = f"{HYPERVISOR_RESOURCE}=kvm"  # what the KVM manifests' node affinity selects
 MAX_NODES = 8
 NODE_IP_PREFIX = "10.87.0."
+SERVICE_RELAY = "service-relay"
 PORT_STRIDE = 10
 
 
@@ -169,6 +173,8 @@ def _cni(node: NodeLayout) -> None:
                 "ipam": {
                     "type": "host-local",
                     "ranges": [[{"subnet": node.subnet}]],
+                    # the pods' one route off their link: the `kubernetes` Service's range
+                    "routes": [{"dst": SERVICE_CIDR}],
                     "dataDir": str(node.state / "ipam"),
                 },
             }
@@ -267,9 +273,23 @@ def _init_pid(node: NodeLayout, outer: procs.Proc) -> procs.Proc:
     raise RuntimeError(f"node {node.name}: no init process under unshare {outer.pid}")
 
 
-def _address(node: NodeLayout) -> None:
-    if node.ip not in _lo_addresses():
-        subprocess.run(["ip", "addr", "add", f"{node.ip}/32", "dev", "lo"], check=True)
+def _address(ip: str) -> None:
+    if ip not in _lo_addresses():
+        subprocess.run(["ip", "addr", "add", f"{ip}/32", "dev", "lo"], check=True)
+
+
+def _ours(ip: str) -> bool:
+    """An address node-up puts on lo (the nodes', the `kubernetes` Service's)."""
+    return ip.startswith(NODE_IP_PREFIX) or ip == SERVICE_IP
+
+
+def start_service_relay() -> procs.Proc:
+    """The `kubernetes` Service's address served (api_relay): pods reach the API server
+    in-cluster, with no service proxy on this machine."""
+    _address(SERVICE_IP)
+    return procs.start(SERVICE_RELAY, [
+        sys.executable, "-m", "conformance.targets.realnode.api_relay",
+        "--listen", f"{SERVICE_IP}:443", "--api-port", str(API_PORT)])  # fmt: skip
 
 
 def _lo_addresses() -> list[str]:
@@ -280,7 +300,7 @@ def _lo_addresses() -> list[str]:
 def start_node(node: NodeLayout) -> procs.Proc:
     for path in (node.run, node.state):
         path.mkdir(parents=True, exist_ok=True)
-    _address(node)
+    _address(node.ip)
     _certs(node)
     _cgroups(node)
     _cni(node)
@@ -330,6 +350,8 @@ def stop_nodes() -> None:
         outer = procs.recorded(f"node-{node.name}")
         if outer is not None:
             outer.stop(timeout_s=10)
+    if (relay := procs.recorded(SERVICE_RELAY)) is not None:
+        relay.stop(timeout_s=15)
 
 
 def remove_host_leftovers() -> None:
@@ -343,7 +365,7 @@ def remove_host_leftovers() -> None:
         with contextlib.suppress(OSError):
             parent.rmdir()
     for ip in _lo_addresses():
-        if ip.startswith(NODE_IP_PREFIX):
+        if _ours(ip):
             subprocess.run(["ip", "addr", "del", f"{ip}/32", "dev", "lo"], capture_output=True)
     made = HOST_MADE.read_text().split() if HOST_MADE.exists() else []
     for point in reversed(made):
@@ -358,7 +380,9 @@ def leftovers() -> list[str]:
         point = line.split()[4]
         if point in (str(NODE_CDI.resolve()), SELF):
             left.append(f"mount {point}")
-    left += [f"address {ip} on lo" for ip in _lo_addresses() if ip.startswith(NODE_IP_PREFIX)]
+    left += [f"address {ip} on lo" for ip in _lo_addresses() if _ours(ip)]
+    if (relay := procs.recorded(SERVICE_RELAY)) is not None and relay.alive:
+        left.append(f"process {relay.pid} ({SERVICE_RELAY})")
     veths = subprocess.run(["ip", "-o", "route"], capture_output=True, text=True).stdout
     left += [f"route {r.split()[0]}" for r in veths.splitlines() if r.startswith("10.88.")]
     return left

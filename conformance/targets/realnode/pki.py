@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.targets.realnode import API_PORT, NODE_NAME
+from conformance.targets.realnode import API_PORT, NODE_NAME, SERVICE_IP
 
 DAYS = "30"
 
@@ -73,7 +73,7 @@ def make_pki(pki: Path) -> None:
         "apiserver",
         "/CN=kube-apiserver",
         "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-        "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,"
+        f"extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:{SERVICE_IP},DNS:localhost,"
         "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\n",
     )
     for client in CLIENTS:

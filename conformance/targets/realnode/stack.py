@@ -32,6 +32,7 @@ from conformance.targets.realnode import (
     KUBELET_ROOT,
     NODE_NAME,
     RUN,
+    SERVICE_CIDR,
     STATE,
     hostclean,
     nodes,
@@ -127,7 +128,7 @@ def _start_control_plane(controllers: str = "*,-nodelifecycle") -> Api:
     api = procs.start("kube-apiserver", [
         str(BIN / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{ETCD_CLIENT_PORT}",
         "--bind-address=127.0.0.1", f"--secure-port={API_PORT}", "--advertise-address=127.0.0.1",
-        "--endpoint-reconciler-type=none", "--service-cluster-ip-range=10.0.0.0/24",
+        "--endpoint-reconciler-type=none", f"--service-cluster-ip-range={SERVICE_CIDR}",
         f"--tls-cert-file={PKI / 'apiserver.crt'}", f"--tls-private-key-file={PKI / 'apiserver.key'}",
         f"--client-ca-file={PKI / 'ca.crt'}", "--authorization-mode=Node,RBAC",
         f"--kubelet-client-certificate={PKI / 'apiserver-kubelet-client.crt'}",
@@ -243,6 +244,7 @@ def up_nodes(count: int) -> Api:
     nodes.NODES_RUN.mkdir(parents=True, exist_ok=True)
     nodes.prepare_host()
     api = _start_control_plane(controllers="*")
+    nodes.start_service_relay()
     chosen = nodes.layouts(count)
     for node in chosen:
         nodes.start_node(node)
