@@ -105,3 +105,18 @@ def test_direct_route_faults_and_restarts(cluster: dict[str, str], tmp_path: Pat
               "cdi-read-only", "cdi-non-regular"}  # fmt: skip
     _assert_live_and_clean(run, expect)
     assert "diagnostic pod gone" not in run["report"]["verification"]
+
+
+def test_a_dra_driver_is_judged_on_the_cluster(cluster: dict[str, str], tmp_path: Path) -> None:
+    """This repository's driver from its profile's deploy section (the chart in mode: dra),
+    reaching the API server in-cluster through the kubernetes Service's address."""
+    from conformance.contract.plugin import SHIPPED_DRA
+
+    run = _run(cluster, tmp_path / "dra", "direct", "--plugin-profile", str(SHIPPED_DRA))
+    expect = {"cdi-missing", "cdi-read-only", "identity-missing", "device-unusable",
+              "restart-plugin", "preservation", "dra-kubelet-restart", "dra-pod-while-kubelet-down",
+              "dra-prepare-retried", "dra-shared-device", "dra-no-spec-left", "guest-execution",
+              "plugin-identity"}  # fmt: skip
+    _assert_live_and_clean(run, expect)
+    judged = {c["id"] for c in run["results"]["checks"]}
+    assert not judged & {"stream-lost", "registration-failure", "optional-rpcs"}, judged
