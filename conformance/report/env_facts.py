@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from conformance.contract import featuregates as fg
+
 KEYS = frozenset(
     {"cgroup", "suite_version", "components", "cluster", "preconditions", "feature_gates"}
 )
@@ -73,16 +75,33 @@ def _preconditions(found: Any) -> list[tuple[str, str]]:
     ]
 
 
+def _said(said: dict[Any, Any]) -> str:
+    """A component's gates as read, or why they could not be."""
+    if set(said) == {fg.UNREAD}:
+        return f"not read: {said[fg.UNREAD]}"
+    return ", ".join(f"{k} {v}" for k, v in said.items())
+
+
 def _gates(gates: Any) -> list[tuple[str, str]]:
-    """The feature gates the target set, and what its API server said of the ones that matter."""
+    """The feature gates the target set, and what its API server and the kubelet of the node
+    under test said of the ones that matter."""
     if not isinstance(gates, dict):
         return []
-    set_by = gates.get("set_by_target") or {}
-    said = gates.get("api_server") or {}
-    out = [("Feature gates set", ", ".join(f"{k}={v}" for k, v in set_by.items()) if set_by
-             else "none: the Kubernetes version's defaults")]  # fmt: skip
+    set_by = gates.get(fg.SET_BY_TARGET) or {}
+    if not isinstance(set_by, dict) or not set_by:
+        text = "none: the Kubernetes version's defaults"
+    elif set(set_by) == {fg.UNREAD}:
+        text = _said(set_by)
+    else:
+        text = ", ".join(f"{k}={v}" for k, v in set_by.items())
+    out = [("Feature gates set", text)]
+    said = gates.get(fg.API_SERVER)
     if isinstance(said, dict) and said:
-        out.append(("Feature gates (API server)", ", ".join(f"{k} {v}" for k, v in said.items())))
+        out.append(("Feature gates (API server)", _said(said)))
+    said = gates.get(fg.KUBELET)
+    if isinstance(said, dict) and said:
+        node = gates.get(fg.KUBELET_NODE)
+        out.append((f"Feature gates (kubelet{f' of {node}' if node else ''})", _said(said)))
     return out
 
 

@@ -150,6 +150,12 @@ def test_issue_26_checks_pass_against_the_real_kubelet(
         assert set(metrics) <= set(checks[check]["metrics"]), checks[check]
     assert checks["node-reboot"]["metrics"]["refused_while_unusable"] >= 1  # asked, refused
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    # the environment names the gates: none set by kind/cluster.yaml, the components' own word
+    gates = results["environment"]["feature_gates"]
+    assert gates["set_by_target"] == {}, gates
+    for component in ("api_server", "kubelet"):
+        assert gates[component]["DynamicResourceAllocation"] == "on (GA)", gates
+        assert gates[component]["ResourceHealthStatus"].startswith("on"), gates
     report = json.loads((out / "cluster-kind.json").read_text())
     assert report["cleanup_ok"], report["verification"]
     assert _kvm() == kvm, "/dev/kvm metadata changed"

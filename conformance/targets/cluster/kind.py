@@ -14,9 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from conformance.contract import featuregates
 from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.runcontext import RunContext
+from conformance.contract.safeyaml import UnsafeInput, load_strict, read_bounded
 from conformance.targets.cluster.access import (
     CommandFailed,
     CommandRunner,
@@ -58,6 +60,7 @@ _PULL_FAILURES = (
     "unable to find image",
     "failed to pull image",
 )
+CONFIG_LIMIT = 1 << 20  # a kind config is a page or two; --kind-config is the caller's file
 
 
 def node_image_unpullable(stderr: str, node_image: str) -> str | None:
@@ -74,6 +77,18 @@ def node_image_unpullable(stderr: str, node_image: str) -> str | None:
                 f"then --node-image {OFFLINE_NODE_IMAGE}"
             )
     return None
+
+
+def config_gates(path: str) -> dict[str, Any]:
+    """The feature gates a kind config sets: its top-level featureGates, which kind passes to
+    every component (kind/cluster.yaml sets none, so the node image's Kubernetes defaults hold).
+    A gate set for one component only (a kubeadm patch) shows in that component's own word."""
+    try:
+        data = load_strict(read_bounded(path, CONFIG_LIMIT), path)
+    except UnsafeInput as exc:  # kind read it at create; gone since: said, the run goes on
+        return featuregates.unread(exc)
+    gates = data.get("featureGates") if isinstance(data, dict) else None
+    return {str(k): v for k, v in gates.items()} if isinstance(gates, dict) else {}
 
 
 def kubelet_errors(journal: str, keep: int = 4) -> str:
@@ -101,6 +116,10 @@ class KindLifecycle(ClusterLifecycle):
 
     def access(self) -> NodeAccess:
         return self._docker
+
+    def gates_set(self) -> dict[str, Any]:
+        # --existing-cluster: made before this run, perhaps with another config
+        return {} if self.options.existing_cluster else config_gates(self.options.kind_config)
 
     def node_cmd(self, argv: list[str]) -> str:
         return self._docker.wrap(argv)

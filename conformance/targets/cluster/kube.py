@@ -99,11 +99,12 @@ class KubeApi:
         query: list[tuple[str, str]] | None = None,
         body: Obj | None = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
     ) -> tuple[int, bytes]:
         """One HTTP request; raises ApiError on a non-2xx status."""
         from kubernetes.client.exceptions import ApiException
 
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+        headers = {"Accept": accept, "Content-Type": content_type}
         params = self.client.param_serialize(
             method,
             path,
@@ -121,6 +122,11 @@ class KubeApi:
         if not 200 <= response.status <= 299:
             raise _api_error(response.status, str(response.reason), data)
         return response.status, data
+
+    def text(self, path: str) -> str:
+        """GET of a plain-text endpoint (a component's /metrics, also through a node proxy)."""
+        _, data = self.request("GET", path, accept="text/plain")
+        return data.decode(errors="replace")
 
     def _json(self, method: str, path: str, **kw: Any) -> Obj:
         _, data = self.request(method, path, **kw)

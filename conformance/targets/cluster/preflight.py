@@ -1,6 +1,6 @@
 """The cluster family's hooks for the suite: kind and AKS preconditions, the tools' versions,
 and what the cluster itself ran (server version and every Node's kubelet, container runtime,
-OS image and kernel, from the Node objects).
+OS image and kernel, from the Node objects; the feature gates its components report enabled).
 
 The suite talks to the API server with its own client and renders the manifests with helm, so
 those are what a cluster run needs on this machine: kind and a Docker engine that answers for
@@ -10,12 +10,14 @@ KIND, az for AKS, helm for both. kubectl is not used; its version is recorded wh
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+from conformance.contract import featuregates
 from conformance.contract.preconditions import Requirement, tool, version_of
 from conformance.manifests.chart import helm_requirement
 from conformance.targets.cluster.kindbin import KIND_VERSION
-from conformance.targets.cluster.kube import ApiError, KubeApi
+from conformance.targets.cluster.kube import ApiError, KubeApi, resource_path
 
 # kind writes the node's kubeadm config; kubeadm v1.36+ refuses v1beta3, and v0.32 is the first
 # kind that writes v1beta4 for them (older node images work with it too). An older kind on PATH
@@ -107,3 +109,19 @@ def cluster_facts(api: KubeApi) -> dict[str, Any]:
         for info in [n.get("status", {}).get("nodeInfo", {})]
     ]
     return facts
+
+
+def record_feature_gates(
+    api: KubeApi, node: str, set_by_target: dict[str, Any], out_dir: Path
+) -> Path:
+    """The run dir's feature-gates file: what the target set, the API server's own word (its
+    /metrics, which an admin kubeconfig may read; a managed control plane may refuse it) and the
+    kubelet's of the node under test (its /metrics through the API server's node proxy, which
+    needs nodes/proxy). Whatever is refused is recorded with the reason; the run goes on."""
+    if node:
+        proxy = resource_path("v1", "Node", name=node) + "/proxy/metrics"
+        kubelet = featuregates.read(lambda: api.text(proxy))
+    else:
+        kubelet = featuregates.unread("no node under test named")
+    api_server = featuregates.read(lambda: api.text("/metrics"))
+    return featuregates.record(out_dir, set_by_target, api_server, kubelet, node)

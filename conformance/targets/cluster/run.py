@@ -11,6 +11,7 @@ import contextlib
 import shlex
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from conformance.contract.deploy import Pods
 from conformance.contract.errors import Unhonoured
@@ -32,7 +33,7 @@ from conformance.targets.cluster.kube import KubeApi, Obj
 from conformance.targets.cluster.lifecycle import Action, CleanupIncomplete, Runbook, RunReport
 from conformance.targets.cluster.node import ClusterNode
 from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
-from conformance.targets.cluster.preflight import cluster_facts
+from conformance.targets.cluster.preflight import cluster_facts, record_feature_gates
 from conformance.targets.cluster.workloads import Layout, namespace, plugin_daemonset, prepare
 
 ApiFactory = Callable[[str], KubeApi]
@@ -126,6 +127,11 @@ class ClusterLifecycle:
 
     def extra_dry_run(self) -> list[Obj]:
         return []
+
+    def gates_set(self) -> dict[str, Any]:
+        """The feature gates this target sets on the cluster's components: none (a cluster the
+        run did not make keeps its own; kind's config may set some)."""
+        return {}
 
     def access(self) -> NodeAccess:
         raise NotImplementedError
@@ -275,6 +281,9 @@ def open_cluster(lifecycle: ClusterLifecycle, *, out_dir: Path) -> Iterator[Clus
     try:
         with lifecycle.runbook().running():
             assert lifecycle.node is not None
+            record_feature_gates(
+                lifecycle.api(), lifecycle.node_name, lifecycle.gates_set(), out_dir
+            )
             try:
                 yield lifecycle.node
             except BaseException:

@@ -42,6 +42,5 @@ SERVICE_IP = "10.87.1.1"
 ETCD_CLIENT_PORT = 12379
 ETCD_PEER_PORT = 12380
 # Feature gates the node stack sets on its components: none, so v1.37.2's defaults hold (the
-# run's environment says so, with the API server's own word on the DRA and health gates).
+# run's environment says so, with the components' own word: conformance.contract.featuregates).
 FEATURE_GATES: dict[str, bool] = {}
-GATES_REPORTED = ("DRA", "DynamicResourceAllocation", "ResourceHealthStatus", "KubeletPodResources")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
 import ssl
 from pathlib import Path
 from typing import Any
@@ -52,18 +51,6 @@ class Api:
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)
-
-    def feature_gates(self, prefixes: tuple[str, ...]) -> dict[str, str]:
-        """The API server's own word on its gates (its /metrics, kubernetes_feature_enabled):
-        name -> "on (STAGE)" or "off (STAGE)", for the names starting with `prefixes`."""
-        text = str(self.request("GET", "/metrics"))
-        gates: dict[str, str] = {}
-        for m in re.finditer(
-            r'^kubernetes_feature_enabled\{name="([^"]+)",stage="([^"]*)"\} (\d)', text, re.M
-        ):
-            if m.group(1).startswith(prefixes):
-                gates[m.group(1)] = f"{'on' if m.group(3) == '1' else 'off'} ({m.group(2) or 'GA'})"
-        return dict(sorted(gates.items()))
 
     def ready(self) -> bool:
         try:

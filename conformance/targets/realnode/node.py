@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from conformance.contract import featuregates
 from conformance.contract.ledger import mounts_at
 from conformance.contract.node import (
     CAP_DEVICE_LATE,
@@ -38,7 +39,7 @@ from conformance.contract.node import (
     GuestOutcome,
 )
 from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.results import FEATURE_GATES_FILE, EnvironmentBlocked
+from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.wait import wait_for
 from conformance.guest.cdi_resolve import resolve
 from conformance.targets.local.hostfiles import device_metadata, mount, umount
@@ -47,7 +48,6 @@ from conformance.targets.realnode import (
     BIN,
     CDI_DIR,
     FEATURE_GATES,
-    GATES_REPORTED,
     HOST_DEV,
     NODE_NAME,
     RUN,
@@ -56,7 +56,7 @@ from conformance.targets.realnode import (
 )
 from conformance.targets.realnode.configs import NAMESPACE, PKI, workload_pod
 from conformance.targets.realnode.events import NodeEventLog, klog_monotonic
-from conformance.targets.realnode.kubeapi import Api, ApiError, PodResources
+from conformance.targets.realnode.kubeapi import Api, PodResources
 from conformance.targets.realnode.pods import POD_TIMEOUT_S, RealPods
 from conformance.targets.realnode.reboot import RealNodeFaults, kubelet_sock_made
 from conformance.targets.realnode.restore import RealRestore
@@ -151,14 +151,13 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
 
     def _record_feature_gates(self) -> None:
         """What the run's environment names: the gates this target sets, and the API server's
-        own word on the gates that decide what DRA and device health can do here."""
-        assert self.api is not None
-        try:
-            enabled = self.api.feature_gates(GATES_REPORTED)
-        except (OSError, ApiError) as exc:
-            enabled = {"unread": str(exc)[:200]}
-        facts = {"set_by_target": dict(FEATURE_GATES), "api_server": enabled}
-        (self.out_dir / FEATURE_GATES_FILE).write_text(json.dumps(facts, indent=2) + "\n")
+        own word on the gates that decide what DRA and device health can do here. Not the
+        kubelet's through the node proxy, as on a cluster: this Node has no address to proxy to
+        (the kubelet refuses its loopback --node-ip as one: "known addresses: []")."""
+        api = self.api
+        assert api is not None
+        api_server = featuregates.read(lambda: str(api.get("/metrics")))
+        featuregates.record(self.out_dir, FEATURE_GATES, api_server)
 
     def _before_plugin(self) -> None:
         """What the node gives the plugin before it first starts (a DRA node: dra_node)."""
