@@ -9,16 +9,18 @@ device's usability changes (tainted while unusable). At SIGTERM the registration
 first, so the kubelet deregisters the driver before its endpoint stops answering; the slice is
 left to the kubelet, which wipes it if the driver does not come back (a rolling update must not
 empty the node for the scheduler meanwhile).
+
+While it runs, the registration socket is kept (served again if it goes: registrar.py) and the
+prepared claims whose ResourceClaim is gone are unprepared by the driver itself, once at start
+and then periodically (orphans.py): the kubelet would never unprepare them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import socket
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,6 @@ from grpc_health.v1 import health_pb2_grpc
 from plugin import logs, shutdown
 from plugin.api import dra_pb2_grpc as dra_grpc
 from plugin.api import drahealth_pb2_grpc as drahealth_grpc
-from plugin.api import pluginregistration_pb2_grpc as reg_grpc
 from plugin.api.dra_wire import DRA_HEALTH_SERVICE_V1, DRA_SERVICE_V1
 from plugin.api.names import DRA_SOCKET
 from plugin.config import Config, DraConfig
@@ -37,6 +38,8 @@ from plugin.dra.claim_specs import ClaimSpecs
 from plugin.dra.claims import ClaimStore
 from plugin.dra.health_stream import DeviceHealthServicer
 from plugin.dra.kubeapi import ApiAccess, ApiError, KubeApi
+from plugin.dra.orphans import OrphanReaper
+from plugin.dra.registrar import Registrar, remove_own_socket
 from plugin.dra.service import DraServicer, RegistrationServicer
 from plugin.dra.slice import SliceFacts, resource_slice
 from plugin.endpoints import GrpcHealth, HttpEndpoints
@@ -51,17 +54,6 @@ PUBLISH_BACKOFF_S = (0.5, 30.0)
 
 def registration_socket(dra: DraConfig) -> Path:
     return dra.plugins_registry_dir / f"{dra.driver_name}-reg.sock"
-
-
-def _remove_own_socket(path: Path) -> None:
-    """A socket this driver left (a crash): removed; anything else at the path is refused."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise RuntimeError(f"{path} exists and is not a socket: refusing to replace it")
-    path.unlink()
 
 
 def _api(dra: DraConfig) -> KubeApi:
@@ -188,9 +180,9 @@ async def run_dra(cfg: Config, listener: socket.socket | None, worker: ProbeWork
     device_health = DeviceHealthServicer(dra.node_name, cfg.device_name, health,
                                          min(cfg.recheck_interval_s, 10.0))  # fmt: skip
     drahealth_grpc.add_DRAResourceHealthServicer_to_server(device_health, server)
-    reg_server = grpc.aio.server()
-    reg_grpc.add_RegistrationServicer_to_server(reg, reg_server)
-    reg_sock = registration_socket(dra)
+    registrar = Registrar(registration_socket(dra), reg)
+    # prepared claims whose ResourceClaim is gone (the kubelet will never unprepare them)
+    reaper = OrphanReaper(servicer, api)
     tasks: list[asyncio.Task[None]] = []
     try:
         if http is not None:
@@ -199,23 +191,21 @@ async def run_dra(cfg: Config, listener: socket.socket | None, worker: ProbeWork
         swept = servicer.sweep()
         if swept:
             logs.warn("stray_claim_specs_removed", claims=swept)
-        for path in (endpoint, reg_sock):
-            _remove_own_socket(path)
+        remove_own_socket(endpoint)
         server.add_insecure_port(f"unix:{endpoint}")
         await server.start()
         # the registration socket last: once it exists the kubelet may call the endpoint
-        reg_server.add_insecure_port(f"unix:{reg_sock}")
-        await reg_server.start()
+        await registrar.start()
         tasks = [asyncio.ensure_future(c) for c in (monitor.run(), publisher.run(),
-                                                    _follow(health, reg, publisher))]  # fmt: skip
+                                                    _follow(health, reg, publisher),
+                                                    registrar.run(), reaper.run())]  # fmt: skip
         await shutdown.serve_until(stop, tasks)
         logs.log("stopping", reason="signal")
         health.shutdown()
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            reg_sock.unlink()  # first: the kubelet's plugin watcher deregisters the driver
+        registrar.unlink()  # first: the kubelet's plugin watcher deregisters the driver
         clean = await shutdown.cancel_tasks(tasks)
-        clean &= await shutdown.step("stop the registration server", reg_server.stop(None))
+        clean &= await shutdown.step("stop the registration server", registrar.stop())
         clean &= await shutdown.step("stop the gRPC server", server.stop(1.0))
         with contextlib.suppress(FileNotFoundError):
             endpoint.unlink()

@@ -66,9 +66,20 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
             log("dra_registered", driver=self.driver, endpoint=self.endpoint)
         else:
             warn("dra_registration_refused", driver=self.driver, reason=self.error)
+        self._announce()
+        return reg.RegistrationStatusResponse()
+
+    def lost(self, reason: str) -> None:
+        """The registration socket went away: the kubelet's plugin watcher deregistered the
+        driver on the delete event, so its last word no longer holds until it speaks again."""
+        if self.registered is False and self.error == reason:
+            return
+        self.registered, self.error = False, reason
+        self._announce()
+
+    def _announce(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()
-        return reg.RegistrationStatusResponse()
 
 
 class DraServicer(dra_grpc.DRAPluginServicer):
@@ -170,6 +181,16 @@ class DraServicer(dra_grpc.DRAPluginServicer):
                     continue
                 log("dra_unprepared", claim=f"{claim.namespace}/{claim.name}", uid=claim.uid)
         return answer
+
+    async def unprepare_orphan(self, claim: PreparedClaim) -> bool:
+        """Unprepare a claim the kubelet will never unprepare (its ResourceClaim is gone),
+        under the lock its own calls take; False when the kubelet changed it meanwhile."""
+        async with self._lock:
+            if self.store.get(claim.uid) != claim:
+                return False  # unprepared by the kubelet between the check and now
+            await asyncio.to_thread(self.specs.remove, claim.uid)
+            self.store.remove(claim.uid)
+        return True
 
     def sweep(self) -> list[str]:
         """At start: remove claim specs that no prepared claim owns (a crash between writing a
