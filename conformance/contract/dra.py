@@ -12,6 +12,7 @@ or its NodePrepareResources fails.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -34,6 +35,10 @@ CAP_DRA = "dra"
 # The kubelet can be held stopped and started again (stop_kubelet / start_kubelet): not through
 # node access that rides on the kubelet itself (an exec in a diagnostic pod).
 CAP_KUBELET_STOP = "kubelet-stop"
+# The driver's registration socket can be removed from the kubelet's plugins_registry dir
+# (remove_registration_socket), as a node cleanup or a careless rm does: found as the socket
+# there whose GetInfo names the driver, whatever its name.
+CAP_REGISTRATION_SOCKET = "registration-socket"
 # What a device plugin's node does that a DRA driver's does not have, on every target: the
 # kubelet.sock socket dir and the ListAndWatch stream, the device checkpoint of a reboot, a read
 # storm of the one spec during Allocate, health in pod status for the extended-resource path
@@ -67,6 +72,11 @@ class DraNode(Node, Protocol):
     def pod_named(self, name: str) -> PodView | None: ...
     def pod_scheduled(self, name: str) -> bool: ...  # bound to the node, its claims allocated
     def prepare_failures(self, name: str) -> int: ...  # FailedPrepareDynamicResources events
+    # a graceful deletion (DELETION_GRACE_S), not waited for: the API keeps the pod until the
+    # kubelet has stopped it and unprepared its claims
+    def request_pod_deletion(self, name: str) -> None: ...
+    def unprepare_failures(self, name: str) -> int: ...  # the kubelet's lines (UNPREPARE_FAILED)
+    def remove_registration_socket(self) -> float: ...  # CAP_REGISTRATION_SOCKET: when it went
 
 
 def slice_view(item: dict[str, Any], driver: str, node_name: str) -> SliceView | None:
@@ -98,6 +108,26 @@ class SliceCounts:
 
 # The kubelet's event reason for a failed NodePrepareResources (v1.37.2 pkg/kubelet/events).
 PREPARE_FAILED = "FailedPrepareDynamicResources"
+
+
+# The kubelet records no event when a pod's NodeUnprepareResources fails, only its pod worker's
+# log line at each retry (v1.37.2 pod_workers.go: "Error syncing pod, skipping" err="unprepare
+# dynamic resources: ..." pod="<namespace>/<name>"); it keeps the pod object meanwhile (the
+# status manager deletes it once PodMightNeedToUnprepareResources is false).
+UNPREPARE_FAILED = "unprepare dynamic resources"
+SYNC_ERROR = '"Error syncing pod, skipping"'
+# A graceful deletion's grace period: the kubelet stops the pod first (kubelet_pods.go
+# PodCouldHaveRunningContainers), where a forced one (0) drops the object at once.
+DELETION_GRACE_S = 1
+
+
+def unprepare_failed(line: str, pod: str) -> bool:
+    """A kubelet log line of a failed unprepare of the claims of the pod named `pod`."""
+    return (
+        SYNC_ERROR in line
+        and UNPREPARE_FAILED in line
+        and re.search(rf'pod="[^"/]*/{re.escape(pod)}"', line) is not None
+    )
 
 
 def scheduled_to(pod: dict[str, Any], node_name: str) -> dict[str, Any]:

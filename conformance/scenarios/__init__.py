@@ -125,6 +125,16 @@ CATALOGUE: tuple[Check, ...] = (
     Check("dra-no-spec-left", "cdi", "DRA: no CDI spec left after unprepare", dra.no_spec_left,
           "the pod deleted: its claim unprepared and no CDI spec of it left",
           level="extended", apis=DRA),
+    Check("dra-unprepare-retried", "cdi", "DRA: NodeUnprepareResources retried",
+          dra.unprepare_retried,
+          "the pod deleted while its claim's spec cannot be removed (read-only CDI storage): "
+          "unprepare fails, is retried across a kubelet restart, and no spec is left (measured)",
+          level="extended", apis=DRA),
+    Check("dra-registration-socket-removed", "registration",
+          "DRA: registration socket removed", dra.registration_socket_removed,
+          "the driver's socket removed from plugins_registry: the driver serves a new one and is "
+          "registered again by itself (measured), ready, and a fresh claim pod runs",
+          level="extended", apis=DRA),
 )  # fmt: skip
 # Checks of the catalogue that judge a DRA driver too (through the same Node observations:
 # conformance.contract.dra says what each one means there).

@@ -23,14 +23,31 @@ driver whose devices are not shareable is not_applicable here (one device per po
 `dra-no-spec-left`: once a pod is gone the kubelet unprepares its claim and the driver leaves no
 CDI spec behind ("must unprepare resources for deleted pod"; a stale spec names a claim nobody
 holds and its device IDs, read by every later container creation).
+
+`dra-unprepare-retried`: NodeUnprepareResources that fails (the claim's CDI spec cannot be
+removed: read-only CDI storage) is retried by the kubelet across a kubelet restart, and the
+driver removes the spec once it can ("must retry NodeUnprepareResources after Kubelet restart").
+
+`dra-registration-socket-removed`: the driver's registration socket removed from the kubelet's
+plugins_registry dir (a node cleanup, a careless rm): the kubelet's plugin watcher deregisters the
+driver (pluginwatcher handleDeleteEvent -> DRA plugin manager DeRegisterPlugin; its slices wiped
+30 s later, dra_plugin_manager.go sync -> wipingDelay) and nothing ever asks it to come back: the
+driver must serve a registration socket again by itself, and be registered again.
 """
 
 from __future__ import annotations
 
 from typing import cast
 
-from conformance.contract.dra import CAP_DRA, CAP_KUBELET_STOP, DraNode
-from conformance.contract.node import CAP_KUBELET_CRASH, CAP_READ_ONLY, Node, PodView, require
+from conformance.contract.dra import CAP_DRA, CAP_KUBELET_STOP, CAP_REGISTRATION_SOCKET, DraNode
+from conformance.contract.node import (
+    CAP_KUBELET_CRASH,
+    CAP_READ_ONLY,
+    CAP_READINESS,
+    Node,
+    PodView,
+    require,
+)
 from conformance.contract.results import NotApplicable, Recorder
 from conformance.contract.wait import wait_for
 from conformance.scenarios.common import (
@@ -73,6 +90,13 @@ def _counting(node: DraNode, pod: PodView, label: str) -> None:
     seen = node.pod_counter(pod.uid)
     wait_for(lambda: node.pod_counter(pod.uid) > seen + 2, COUNTING_S,
              f"the guest of pod {pod.name} counting ({label})", interval=0.1)  # fmt: skip
+
+
+def _spec_made(dra: DraNode, before: set[str]) -> set[str]:
+    """The CDI spec files the running pod's claim added (none exists before its prepare)."""
+    made: set[str] = wait_for(lambda: set(dra.list_files("cdi")) - before or None,
+                              FAULT_TIMEOUT_S, "the claim's CDI spec while the pod runs")  # fmt: skip
+    return made
 
 
 def _republished(node: DraNode, rec: Recorder, before: set[str], back: float, label: str) -> None:
@@ -198,11 +222,89 @@ def no_spec_left(node: Node, rec: Recorder) -> None:
     before = set(dra.list_files("cdi"))
     pod = dra.start_pod()
     assert pod.phase == RUNNING, f"pod refused: {pod.reason} {pod.message}"
-    made = wait_for(lambda: set(dra.list_files("cdi")) - before or None, FAULT_TIMEOUT_S,
-                    "the claim's CDI spec while the pod runs")  # fmt: skip
-    rec.note(f"CDI files of the pod's claim: {sorted(made)}")
+    rec.note(f"CDI files of the pod's claim: {sorted(_spec_made(dra, before))}")
     dra.delete_pod(pod.uid)
     t0 = rec.event("pod deleted")
     wait_for(lambda: not (set(dra.list_files("cdi")) - before), UNPREPARE_TIMEOUT_S,
              "no CDI spec left after the claim's unprepare")  # fmt: skip
     rec.metric("unprepared_s", rec.event("no CDI spec left") - t0)
+
+
+def unprepare_retried(node: Node, rec: Recorder) -> None:
+    """dra_test.go's "must retry NodeUnprepareResources after Kubelet restart" (v1.37.2): the
+    unprepare of a deleted pod's claim fails (its CDI spec cannot be removed), the kubelet is
+    restarted meanwhile, and the retried unprepare removes the spec: a driver that answers success
+    without removing it, or never removes it, leaves it behind."""
+    dra = _dra(node, CAP_READ_ONLY, CAP_KUBELET_STOP)
+    wait_ready(dra, rec, "before the pod")
+    before = set(dra.list_files("cdi"))
+    pod = dra.start_pod()
+    assert pod.phase == RUNNING, f"pod refused: {pod.reason} {pod.message}"
+    made = _spec_made(dra, before)
+    rec.note(f"CDI files of the pod's claim: {sorted(made)}")
+
+    def failed() -> bool:
+        if dra.unprepare_failures(pod.name) > 0:
+            return True
+        if dra.pod_named(pod.name) is not None:
+            return False
+        # the API drops a gracefully deleted pod only once the kubelet unprepared its claims
+        left = made & set(dra.list_files("cdi"))
+        assert not left, (
+            f"the kubelet unprepared pod {pod.name}'s claim while its CDI spec could not be "
+            f"removed (read-only storage): the driver answered success, {sorted(left)} left"
+        )
+        raise AssertionError(f"pod {pod.name}'s claim unprepared despite read-only CDI storage")
+
+    dra.set_storage_read_only("cdi", True)
+    try:
+        rec.event("read-only CDI storage")
+        dra.request_pod_deletion(pod.name)
+        t0 = rec.event(f"pod {pod.name} deleted")
+        wait_for(failed, UNPREPARE_TIMEOUT_S,
+                 f"a failed NodeUnprepareResources for pod {pod.name} (read-only CDI storage)")  # fmt: skip
+        rec.metric("first_failure_s", rec.event("NodeUnprepareResources failed") - t0)
+        dra.stop_kubelet(True)
+        rec.event("kubelet stopped while the unprepare fails")
+    finally:
+        dra.set_storage_read_only("cdi", False)
+    rec.event("storage writable again")
+    back = rec.event("kubelet started", dra.start_kubelet())
+    wait_for(lambda: not (set(dra.list_files("cdi")) - before), UNPREPARE_TIMEOUT_S,
+             "no CDI spec of the claim left after the kubelet's retried unprepare")  # fmt: skip
+    rec.metric("unprepared_s", rec.event("no CDI spec left") - back)
+    wait_for(lambda: dra.pod_named(pod.name) is None, UNPREPARE_TIMEOUT_S,
+             f"pod {pod.name} gone (the kubelet saw its claim unprepared)")  # fmt: skip
+    rec.event(f"pod {pod.name} gone")
+
+
+def registration_socket_removed(node: Node, rec: Recorder) -> None:
+    """The driver's registration socket removed from the kubelet's plugins_registry dir: the
+    kubelet deregisters the driver (pluginwatcher handleDeleteEvent -> DeRegisterPlugin, v1.37.2)
+    and the driver must serve a new socket and be registered again by itself (same process); a
+    fresh claim pod then runs. Readiness while unregistered is recorded, not judged: the window
+    may be milliseconds, and readiness tied to registration is a field report for device plugins
+    (NVIDIA/k8s-device-plugin#426), not a rule of the DRA API."""
+    dra = _dra(node, CAP_REGISTRATION_SOCKET)
+    wait_ready(dra, rec, "before the socket is removed")
+    instance = dra.plugin_instance()
+    removed = dra.remove_registration_socket()
+    t0 = rec.event("registration socket removed", removed)
+    unready: list[float] = []
+
+    def registered_again() -> bool:
+        if CAP_READINESS in dra.capabilities and not unready and not dra.plugin_ready():
+            unready.append(rec.event("plugin unready (unregistered)"))
+        return (dra.last_registration_at() or 0.0) > removed
+
+    wait_for(registered_again, RECOVERY_TIMEOUT_S,
+             "the kubelet's registration of the driver again after its socket was removed",
+             interval=0.05)  # fmt: skip
+    back = rec.event("registered again", dra.last_registration_at())
+    rec.metric("reregistered_s", back - t0)
+    if CAP_READINESS in dra.capabilities:
+        rec.note(f"readiness false {unready[0] - t0:.3f} s after the removal" if unready else
+                 "readiness never seen false before the re-registration")  # fmt: skip
+    assert dra.plugin_instance() == instance, "the driver was restarted, not registered again"
+    wait_ready(dra, rec, "after the re-registration", since=t0)
+    fresh_guest(dra, rec, "registration socket removed")

@@ -78,7 +78,8 @@ def test_every_check_names_the_apis_it_judges() -> None:
         assert check.apis and set(check.apis) <= {API_DEVICE_PLUGIN, API_DRA}, check.id
     dra_only = {c.id for c in CATALOGUE if c.apis == (API_DRA,)}
     assert dra_only == {"dra-kubelet-restart", "dra-pod-while-kubelet-down", "dra-shared-device",
-                        "dra-prepare-retried", "dra-no-spec-left"}  # fmt: skip
+                        "dra-prepare-retried", "dra-no-spec-left", "dra-unprepare-retried",
+                        "dra-registration-socket-removed"}  # fmt: skip
     # the device plugin API's own: a DRA driver has no ListAndWatch stream, no kubelet.sock
     for check_id in ("stream-lost", "registration-failure", "restart-kubelet"):
         assert API_DRA not in BY_ID[check_id].apis

@@ -61,6 +61,8 @@ def test_this_repositorys_driver_passes_every_dra_check(tmp_path: Path) -> None:
         assert read["how"] == "process" and "--mode" in read["argv"], read
     by_id = {c["id"]: c for c in data["checks"]}
     assert by_id["dra-kubelet-restart"]["metrics"]["republish_graceful_s"] > 0
+    assert by_id["dra-unprepare-retried"]["metrics"]["unprepared_s"] > 0
+    assert by_id["dra-registration-socket-removed"]["metrics"]["reregistered_s"] > 0
     assert by_id["cdi-missing"]["metrics"]["recovery_s"] > 0
     # the environment names the gates: none set here, the API server's own word on the rest
     gates = data["environment"]["feature_gates"]
@@ -77,6 +79,8 @@ def test_a_driver_without_claim_spec_repair_fails_exactly_the_repair_checks(
     got = statuses(data)
     failed = {k for k, v in got.items() if v == "failed"}
     assert failed == CDI_REPAIR, data["_output"]
+    # its unprepare is intact: retried across a kubelet restart, it removes the claim's spec
+    assert got["dra-unprepare-retried"] == "passed", got
     assert got["cdi-read-only"] == "passed" and got["dra-no-spec-left"] == "passed", got
     assert got["cleanup"] == "passed", data["_output"]
 

@@ -10,7 +10,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from conformance.contract.dra import CAP_DRA, DEVICE_PLUGIN_ONLY, slice_view
+from conformance.contract.dra import (
+    CAP_DRA,
+    CAP_REGISTRATION_SOCKET,
+    DELETION_GRACE_S,
+    DEVICE_PLUGIN_ONLY,
+    UNPREPARE_FAILED,
+    slice_view,
+)
 from conformance.contract.node import CAP_NODE_REBOOT, CAP_PLUGIN_RESTART
 from conformance.targets.cluster.dra_node import PREPARE_FAILED, ClusterDraNode
 from conformance.targets.cluster.workloads import workload_pod
@@ -39,6 +46,7 @@ class _Api:
 def _node(api: Any = None) -> ClusterDraNode:
     node = ClusterDraNode.__new__(ClusterDraNode)
     node.api, node.node_name, node.capability_notes = api, NODE, {}
+    node.access = SimpleNamespace(where="the diagnostic pod", local_path=None)  # type: ignore[assignment]
     node.options = SimpleNamespace(work_namespace=NS)  # type: ignore[assignment]
     return node
 
@@ -103,3 +111,33 @@ def test_a_stopped_kubelet_stays_down_until_started_and_a_failed_check_has_it_st
     assert node._node_down  # what undo_reboot (restore_baseline) starts again
     node.stop_kubelet(graceful=True)
     assert ran[-1] == "systemctl stop kubelet"
+
+
+def test_failed_unprepares_are_read_from_the_kubelets_log_in_the_node() -> None:
+    node, ran = _node(), []
+    node._since = 1700000000
+    line = ('1700000100.5 kind kubelet[7]: E0101 10:00:00.000000 7 pod_workers.go:1338] "Error '
+            'syncing pod, skipping" err="unprepare dynamic resources: NodeUnprepareResources '
+            f'failed for ResourceClaim c: read-only" pod="{NS}/p" podUID="u"')  # fmt: skip
+    other = line.replace(f"{NS}/p", f"{NS}/q")
+
+    def run(argv: list[str]) -> str:
+        ran.append(argv)
+        return f"{line}\n{other}\n{line}\n"
+
+    node._node = run  # type: ignore[method-assign]
+    assert node.unprepare_failures("p") == 2 and node.unprepare_failures("q") == 1
+    assert ran[0][-2:] == ["1700000000", UNPREPARE_FAILED]  # since the run began, grepped
+
+
+def test_a_graceful_deletion_is_asked_and_not_waited_for() -> None:
+    deleted: list[tuple[Any, ...]] = []
+    api = SimpleNamespace(delete=lambda *a, **kw: deleted.append((*a, kw["grace"])))
+    _node(api).request_pod_deletion("p")
+    assert deleted == [("v1", "Pod", "p", NS, DELETION_GRACE_S)] and DELETION_GRACE_S > 0
+
+
+def test_the_registration_socket_fault_is_not_declared_and_says_why() -> None:
+    node = _node()
+    assert CAP_REGISTRATION_SOCKET not in node._dra_capabilities(frozenset())
+    assert "GetInfo" in node.capability_notes[CAP_REGISTRATION_SOCKET]

@@ -8,12 +8,16 @@ here. What differs from a device plugin's node is what conformance.contract.dra 
 - workload pods are scheduled, pinned by a nodeSelector: the scheduler allocates their claims,
   a pod bound by hand (nodeName) never gets one;
 - a refusal is the scheduler's (Unschedulable) or the kubelet's (FailedPrepareDynamicResources);
-- the kubelet is stopped and started as a systemd unit inside the node, as the reboot does;
+- the kubelet is stopped and started as a systemd unit inside the node, as the reboot does; its
+  failed unprepares are its log's lines, read in the node (it records no event for them);
 - the plugin's CDI spec is the session claim's, found from the devices the runtime was asked
   for (no spec exists before a claim is prepared);
 - read-only CDI storage is made in the driver's own view too when the chart's CDI mount does
   not propagate node mounts into it (conformance.targets.cluster.inside): a claim prepared
-  meanwhile fails as it would on a read-only node.
+  meanwhile fails as it would on a read-only node;
+- the driver's registration socket is not removed here (CAP_REGISTRATION_SOCKET not declared):
+  telling it from the other sockets of the node's plugins_registry takes a GetInfo call in the
+  node, which has no gRPC client.
 """
 
 from __future__ import annotations
@@ -24,20 +28,29 @@ from conformance.contract.base import discover_spec
 from conformance.contract.dra import (
     CAP_DRA,
     CAP_KUBELET_STOP,
+    CAP_REGISTRATION_SOCKET,
+    DELETION_GRACE_S,
     DEVICE_PLUGIN_ONLY,
     PREPARE_FAILED,
+    UNPREPARE_FAILED,
     SliceCounts,
     SliceView,
     each_event,
     refusal,
     scheduled_to,
     slice_view,
+    unprepare_failed,
 )
 from conformance.contract.node import CAP_GUEST, CAP_LONG_GUEST, CAP_READ_ONLY, Area, PodView
 from conformance.contract.wait import wait_for
 from conformance.targets.cluster.inside import InsidePlugin
 from conformance.targets.cluster.kube import Obj
-from conformance.targets.cluster.kubelet import KUBELET_START, KUBELET_STOP, to_monotonic
+from conformance.targets.cluster.kubelet import (
+    KUBELET_LOG_LINES,
+    KUBELET_START,
+    KUBELET_STOP,
+    to_monotonic,
+)
 from conformance.targets.cluster.node import ClusterNode
 from conformance.targets.cluster.pods import OWNER_LABEL, WORKLOAD_LABEL, pod_view
 from plugin.api.dra_wire import RESOURCE_API
@@ -58,6 +71,10 @@ class ClusterDraNode(SliceCounts, ClusterNode):
         for cap in DEVICE_PLUGIN_ONLY & caps:
             self.capability_notes[cap] = "the plugin under test is a DRA driver"
         caps = (caps - DEVICE_PLUGIN_ONLY) | {CAP_DRA}
+        self.capability_notes[CAP_REGISTRATION_SOCKET] = (
+            "the driver's registration socket is told from the others by GetInfo, and the node "
+            "has no gRPC client to ask it"
+        )
         if getattr(self.access, "local_path", None) is None:  # the diagnostic pod's exec
             self.capability_notes[CAP_KUBELET_STOP] = (
                 f"node access through {self.access.where} rides on the kubelet: it cannot "
@@ -154,6 +171,13 @@ class ClusterDraNode(SliceCounts, ClusterNode):
 
     def prepare_failures(self, name: str) -> int:
         return len(self._prepare_events(name))
+
+    def request_pod_deletion(self, name: str) -> None:
+        self.api.delete("v1", "Pod", name, self.options.work_namespace, grace=DELETION_GRACE_S)
+
+    def unprepare_failures(self, name: str) -> int:
+        script = ["sh", "-c", KUBELET_LOG_LINES, "sh", str(self._since), UNPREPARE_FAILED]
+        return sum(1 for line in self._node(script).splitlines() if unprepare_failed(line, name))
 
     def submit_pod(self) -> str:
         self._started_pods = True

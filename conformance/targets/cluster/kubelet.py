@@ -57,11 +57,15 @@ KUBELET_STOP = (
 KUBELET_START = (
     f"date +%s.%N; if {_HAS_INIT}; then rm -f {KUBELET_HOLD}; else systemctl start kubelet; fi"
 )
-REGISTRATIONS = (
+# The kubelet's log since $1 (unix time), each line led by its time: its own file under a node
+# init, else its journal.
+KUBELET_LOG_SINCE = (
     f"{{ if {_HAS_INIT}; then awk -v s=\"$1\" '$1 >= s' {KUBELET_LOG}; "
-    'else journalctl -u kubelet -o short-unix --no-pager --since "@$1"; fi; } '
-    '| grep -i "registration request" | grep -F "$2" | tail -n 1'
+    'else journalctl -u kubelet -o short-unix --no-pager --since "@$1"; fi; }'
 )
+REGISTRATIONS = f'{KUBELET_LOG_SINCE} | grep -i "registration request" | grep -F "$2" | tail -n 1'
+# Its lines since $1 holding $2 (none is no error).
+KUBELET_LOG_LINES = f'{KUBELET_LOG_SINCE} | grep -F -- "$2" || true'
 
 
 def to_monotonic(wall: float) -> float:

@@ -29,12 +29,12 @@ from conformance.contract.node import (
     CAP_STREAM_END,
     NodeEvent,
 )
-from conformance.contract.nodeinit import KUBELET_LOG, KUBELET_PID
+from conformance.contract.nodeinit import KUBELET_PID
 from conformance.contract.results import NotApplicable
 from conformance.targets.cluster.access import NodeAccess, NodeAccessError, NodeFiles
 from conformance.targets.cluster.guests import CRICTL_SNIPPET
 from conformance.targets.cluster.kube import KubeApi, Obj
-from conformance.targets.cluster.kubelet import to_monotonic
+from conformance.targets.cluster.kubelet import KUBELET_LOG_SINCE, to_monotonic
 from conformance.targets.cluster.plan import ClusterOptions
 from conformance.targets.cluster.podresources import (
     CHECKPOINT,
@@ -56,8 +56,7 @@ START = "date +%s.%N; systemctl start kubelet"
 # The kubelet's log lines for the resource ($2) since $1 (unix time): registrations, and the
 # ListAndWatch stream ending (v1.37.2 client.go Run: then runClient disconnects the endpoint).
 JOURNAL = (
-    f"{{ if [ -r {KUBELET_PID} ]; then awk -v s=\"$1\" '$1 >= s' {KUBELET_LOG}; "
-    'else journalctl -u kubelet -o short-unix --no-pager --since "@$1"; fi; } '
+    f"{KUBELET_LOG_SINCE} "
     '| grep -E "Got registration request|ListAndWatch ended unexpectedly" | grep -F "$2"'
 )
 # $1: the plugin container's pid on the node, $2 the device-plugin dir. Prints "PID FD" for each

@@ -11,8 +11,10 @@ plugin gets; what differs is what a DRA driver needs, each given as its chart's 
 - the DeviceClass pods ask for: the profile's manifest, or one that selects every device of the
   driver and maps the profile's extended resource to it (KEP-5004).
 Workload pods are scheduled (the scheduler allocates their claims). The catalogue's
-observations mean here what conformance.contract.dra says. Everything made is deleted at the
-end: the DeviceClass, the RBAC objects, the driver's ResourceSlices on this node, its plugin dir.
+observations mean here what conformance.contract.dra says; the driver's registration socket is
+the one in the kubelet's plugins_registry whose GetInfo names its driver (any name). Everything
+made is deleted at the end: the DeviceClass, the RBAC objects, the driver's ResourceSlices on
+this node, its plugin dir.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import grpc
 import yaml
 
 from conformance.contract.dra import (
     CAP_DRA,
     CAP_KUBELET_STOP,
+    CAP_REGISTRATION_SOCKET,
+    DELETION_GRACE_S,
     DEVICE_PLUGIN_ONLY,
     PREPARE_FAILED,
     SliceCounts,
@@ -38,6 +43,7 @@ from conformance.contract.dra import (
     refusal,
     scheduled_to,
     slice_view,
+    unprepare_failed,
 )
 from conformance.contract.node import PodView
 from conformance.contract.plugin import PluginUnderTest
@@ -52,11 +58,14 @@ from conformance.targets.realnode.node import RealNode
 from conformance.targets.realnode.pki import ensure_client, kubeconfig
 from conformance.targets.realnode.pods import PODS, _view
 from conformance.targets.realnode.reboot import kubelet_sock_made
+from plugin.api import pluginregistration_pb2 as reg_pb
+from plugin.api import pluginregistration_pb2_grpc as reg_grpc
 from plugin.api.dra_wire import RESOURCE_API
 
 RESOURCE = f"/apis/{RESOURCE_API}"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 DRIVER_USER = "hv-dra-driver"
+GET_INFO_TIMEOUT_S = 2.0  # bounds one socket whose server never answers
 
 
 def _rbac() -> list[tuple[str, dict[str, Any]]]:
@@ -80,12 +89,14 @@ class RealDraNode(SliceCounts, RealNode):
         super().__init__(out_dir=out_dir, worker=worker, plugin=plugin)
         assert plugin.dra is not None, "a DRA node runs a DRA driver"
         self.dra = plugin.dra
-        self.capabilities = (self.capabilities - DEVICE_PLUGIN_ONLY) | {CAP_DRA, CAP_KUBELET_STOP}
+        self.capabilities = (self.capabilities - DEVICE_PLUGIN_ONLY) | {
+            CAP_DRA, CAP_KUBELET_STOP, CAP_REGISTRATION_SOCKET}  # fmt: skip
         self._relay: ApiRelay | None = None
         self._made: list[str] = []  # API paths of the objects made here, deleted at the end
         self._registry = KUBELET_ROOT / "plugins_registry"
         self._endpoint_dir = Path(self.dra.endpoint_dir)
         self._stopped_wall = 0.0  # when stop_kubelet stopped it (its new socket is newer)
+        self._socket_removed = False  # the restore checks the driver registered again
 
     # -- around the plugin ----------------------------------------------------------------
 
@@ -214,6 +225,13 @@ class RealDraNode(SliceCounts, RealNode):
     def prepare_failures(self, name: str) -> int:
         return len(self._prepare_events(name))
 
+    def request_pod_deletion(self, name: str) -> None:
+        self._api().request("DELETE", f"{PODS}/{name}?gracePeriodSeconds={DELETION_GRACE_S}")
+
+    def unprepare_failures(self, name: str) -> int:
+        lines = procs.log_tail("kubelet", 5000).splitlines()
+        return sum(1 for line in lines if unprepare_failed(line, name))
+
     def submit_pod(self) -> str:
         name = f"hv-pod-{uuid.uuid4().hex[:8]}"
         self._api().request("POST", PODS, self._workload_spec(name, ""))
@@ -241,3 +259,42 @@ class RealDraNode(SliceCounts, RealNode):
     def start_kubelet(self) -> float:
         stack.start_kubelet(self.api)
         return kubelet_sock_made(self._stopped_wall)
+
+    # -- the registration socket ------------------------------------------------------------
+
+    def _registration_socket(self) -> Path | None:
+        """The socket in the kubelet's registry dir whose GetInfo names the driver, as the
+        kubelet's plugin watcher asks it (whatever the socket is called)."""
+        for path in sorted(self._registry.iterdir()):
+            if not path.is_socket():
+                continue
+            try:
+                with grpc.insecure_channel(f"unix://{path}") as channel:
+                    info = reg_grpc.RegistrationStub(channel).GetInfo(
+                        reg_pb.InfoRequest(), timeout=GET_INFO_TIMEOUT_S
+                    )
+            except grpc.RpcError:
+                continue  # a stale socket nothing serves, or not a registration server
+            if info.name == self.dra.driver:
+                return path
+        return None
+
+    def remove_registration_socket(self) -> float:
+        path = self._registration_socket()
+        assert path is not None, (
+            f"no socket in {self._registry} answers GetInfo with driver {self.dra.driver}"
+        )
+        self._socket_removed = True
+        self.touched()
+        removed = time.monotonic()  # before: a fast driver may be registered again during it
+        path.unlink()
+        return removed
+
+    def restore_baseline(self) -> list[str]:
+        """A driver that never served its registration socket again is not registered: it is
+        restarted (as its DaemonSet's pod would be) before the node's baseline is checked."""
+        if self._socket_removed:
+            self._socket_removed = False
+            if self.plugin_running() and self._registration_socket() is None:
+                self.restart_plugin()
+        return super().restore_baseline()
