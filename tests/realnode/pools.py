@@ -25,6 +25,8 @@ from plugin.api.dra_wire import RESOURCE_API
 from plugin.api.names import DRA_DRIVER, HYPERVISOR_RESOURCE
 
 KUBECTL = "/usr/bin/kubectl"
+WORK = "hv-migration-work"  # the workload pods' namespace
+LIVE_S = 180.0
 POOL_LABEL = "hyperlight.dev/pool"
 CHART = chart_dir()
 # the suite's values for a cluster whose nodes hold the images (pullPolicy: Never), as the
