@@ -20,6 +20,7 @@ from conformance.contract.dra import (
 )
 from conformance.contract.node import CAP_NODE_REBOOT, CAP_PLUGIN_RESTART
 from conformance.targets.cluster.dra_node import PREPARE_FAILED, ClusterDraNode
+from conformance.targets.cluster.kubelet import KUBELET_STOP
 from conformance.targets.cluster.workloads import workload_pod
 
 NODE, DRIVER, NS = "hvt-control-plane", "hypervisor.hyperlight.dev", "hvconform-work-x"
@@ -101,16 +102,18 @@ def test_a_stopped_kubelet_stays_down_until_started_and_a_failed_check_has_it_st
     node, ran = _node(), []
 
     def run(argv: list[str]) -> str:
-        ran.append(argv[-1])
+        ran.append(argv)
         return "1700000000.5\n"
 
     node._node = run  # type: ignore[method-assign]
     node.stop_kubelet(graceful=False)
-    # systemd's Restart=always would start a killed kubelet again: stopped right after the kill
-    assert ran == ["systemctl kill --signal=SIGKILL kubelet && systemctl stop kubelet"]
+    # systemd's Restart=always (or the node init) would start a killed kubelet again: the
+    # script holds it stopped (tests/realnode/test_nodeinit_hold.py runs the node init's side)
+    assert ran == [["sh", "-c", KUBELET_STOP, "sh", "crash"]]
+    assert "systemctl kill --signal=SIGKILL kubelet && systemctl stop kubelet" in KUBELET_STOP
     assert node._node_down  # what undo_reboot (restore_baseline) starts again
     node.stop_kubelet(graceful=True)
-    assert ran[-1] == "systemctl stop kubelet"
+    assert ran[-1] == ["sh", "-c", KUBELET_STOP, "sh", "graceful"]
 
 
 def test_failed_unprepares_are_read_from_the_kubelets_log_in_the_node() -> None:
