@@ -125,6 +125,15 @@ class ClusterNode(
         self._removed: tuple[Area, str] | None = None
         self._events: list[NodeEvent] = []  # requests the kubelet refused or admitted
         self.capability_notes: dict[str, str] = {}  # why a capability is not declared
+        if CAP_READ_ONLY not in self.capabilities and "cdi" in self.layout.mounts:
+            # enable_inside() may still add it (its in-container fault), not when isolated
+            self.capability_notes[CAP_READ_ONLY] = (
+                "the plugin's CDI mount does not propagate node mounts (mountPropagation None), "
+                "and in-container faults are off with the harness's isolated host-device view"
+                if self.layout.host_view_isolated
+                else "the plugin's CDI mount does not propagate node mounts (mountPropagation "
+                "None) and no fault could be made inside its container"
+            )
 
     def _capabilities(self) -> frozenset[str]:
         caps = {CAP_KUBELET_RESTART, CAP_KUBELET_CRASH, CAP_PLUGIN_RESTART, CAP_ROLLOUT}
