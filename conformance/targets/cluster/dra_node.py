@@ -41,9 +41,8 @@ from conformance.contract.dra import (
     slice_view,
     unprepare_failed,
 )
-from conformance.contract.node import CAP_GUEST, CAP_LONG_GUEST, CAP_READ_ONLY, Area, PodView
+from conformance.contract.node import CAP_GUEST, CAP_LONG_GUEST, PodView
 from conformance.contract.wait import wait_for
-from conformance.targets.cluster.inside import InsidePlugin
 from conformance.targets.cluster.kube import Obj
 from conformance.targets.cluster.kubelet import (
     KUBELET_LOG_LINES,
@@ -58,8 +57,6 @@ from plugin.api.dra_wire import RESOURCE_API
 
 class ClusterDraNode(SliceCounts, ClusterNode):
     """ClusterNode with the DRA node's observations (conformance.contract.dra.DraNode)."""
-
-    _cdi_inside: InsidePlugin | None = None  # read-only CDI storage made in the driver's view
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
@@ -94,7 +91,7 @@ class ClusterDraNode(SliceCounts, ClusterNode):
         wait_for(lambda: self.allocatable() > 0, t, "a published device at node setup", self._poll)
         self.host_metadata_at_start = self.host_device_metadata()
         self.enable_inside()
-        self._enable_cdi_inside()
+        self.enable_cdi_inside()
         self.enable_workload_faults()
         for name, data in self.sentinels.items():
             self.write_file("cdi", name, data)
@@ -118,23 +115,6 @@ class ClusterDraNode(SliceCounts, ClusterNode):
         # pod-resources' GetAllocatableResources lists device-plugin devices only: a sample of
         # it says nothing of a DRA driver's
         self.stop_sampler()
-
-    def _enable_cdi_inside(self) -> None:
-        if CAP_READ_ONLY in self.capabilities or "cdi" not in self.layout.mounts:
-            return
-        inside = InsidePlugin(self.access)
-        why = inside.probe(self._plugin_container())
-        if why:
-            self.capability_notes[CAP_READ_ONLY] = why
-            return
-        self._cdi_inside = inside
-        self.capabilities |= {CAP_READ_ONLY}
-
-    def set_storage_read_only(self, area: Area, read_only: bool) -> None:
-        if self._cdi_inside is None:
-            return super().set_storage_read_only(area, read_only)
-        assert area == "cdi", "only the CDI dir can be made read-only on a cluster node"
-        self.inside_read_only(read_only, via=self._cdi_inside)
 
     # -- observations ---------------------------------------------------------------------
 

@@ -79,7 +79,9 @@ class InsideFaults:
     layout: Layout
     options: ClusterOptions
     capabilities: frozenset[str]
+    capability_notes: dict[str, str]
     inside: InsidePlugin | None = None
+    cdi_inside: InsidePlugin | None = None  # enable_cdi_inside's: this one fault made inside
 
     def _plugin_container(self) -> str:
         raise NotImplementedError
@@ -102,6 +104,21 @@ class InsideFaults:
             caps |= {CAP_DEVICE_VIEW, CAP_DEVICE_REMAP}
         self.capabilities = frozenset(caps)
         return ""
+
+    def enable_cdi_inside(self) -> None:
+        """Read-only CDI storage made in the plugin's own view as well as the node's, where
+        nothing else gives it (the chart's CDI mount does not propagate node mounts and the
+        other in-container faults are off with the isolated host-device view): a spec written
+        meanwhile fails as on a read-only node."""
+        if CAP_READ_ONLY in self.capabilities or "cdi" not in self.layout.mounts:
+            return
+        inside = InsidePlugin(self.access)
+        why = inside.probe(self._plugin_container())
+        if why:
+            self.capability_notes[CAP_READ_ONLY] = why
+            return
+        self.cdi_inside = inside
+        self.capabilities |= {CAP_READ_ONLY}
 
     def _in(self, name: str, *args: str, via: InsidePlugin | None = None) -> None:
         inside = via or self.inside

@@ -175,6 +175,7 @@ class ClusterNode(
         )
         self.host_metadata_at_start = self.host_device_metadata()
         self.enable_inside()
+        self.enable_cdi_inside()
         self.enable_workload_faults()
         for name, data in self.sentinels.items():
             self.write_file("cdi", name, data)
@@ -274,8 +275,8 @@ class ClusterNode(
 
     def set_storage_read_only(self, area: Area, read_only: bool) -> None:
         assert area == "cdi", "only the CDI dir can be made read-only on a cluster node"
-        if self.inside is not None:
-            return self.inside_read_only(read_only)
+        if self.inside is not None or self.cdi_inside is not None:
+            return self.inside_read_only(read_only, via=self.cdi_inside)
         self.files.sh("ro-on" if read_only else "ro-off", self.files.dirs["cdi"], RO_STAGING)
 
     def host_device_metadata(self) -> dict[str, int | str]:
