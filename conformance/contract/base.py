@@ -18,11 +18,33 @@ from conformance.contract.results import NotApplicable
 DEVICE = "kvm"  # the hypervisor node's name in a host-device view
 
 
+def specs_declaring(node: Any, cdi_devices: Sequence[str]) -> set[str]:
+    """The CDI spec files that declare any of these fully-qualified CDI device names. A name is
+    unique across the specs a runtime reads, so they are the files the devices came from (one
+    claim's, where a DRA driver writes a spec per claim; another plugin's spec of the same kind,
+    a device plugin's left on a node moved to DRA, is not among them)."""
+    wanted = {tuple(d.split("=", 1)) for d in cdi_devices if "=" in d}
+    found = set()
+    for name in node.list_files("cdi"):
+        try:
+            spec = json.loads(node.read_file("cdi", name) or b"")
+            declared = {(spec["kind"], d["name"]) for d in spec.get("devices") or []}
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue  # not a spec (a sentinel, a fault's leftover)
+        if declared & wanted:
+            found.add(str(name))
+    return found
+
+
 def discover_spec(node: Any, cdi_devices: Sequence[str]) -> str:
-    """The one top-level file in the CDI dir that declares the kind of the allocated device;
-    "" when the plugin injects no CDI device (then the CDI checks do not apply)."""
+    """The one top-level file in the CDI dir that declares the allocated device (else the one
+    that declares its kind); "" when the plugin injects no CDI device (then the CDI checks do
+    not apply)."""
     if not cdi_devices:
         return ""
+    exact = specs_declaring(node, cdi_devices) - set(node.sentinels)
+    if len(exact) == 1:
+        return exact.pop()
     kind = cdi_devices[0].partition("=")[0]
     found = []
     for name in sorted(node.list_files("cdi")):

@@ -37,9 +37,9 @@ driver must serve a registration socket again by itself, and be registered again
 
 from __future__ import annotations
 
-import json
 from typing import cast
 
+from conformance.contract.base import specs_declaring
 from conformance.contract.dra import CAP_DRA, CAP_KUBELET_STOP, CAP_REGISTRATION_SOCKET, DraNode
 from conformance.contract.node import (
     CAP_KUBELET_CRASH,
@@ -218,22 +218,6 @@ def shared_device(node: Node, rec: Recorder) -> None:
              "no CDI spec left after the sharing pods' unprepare")  # fmt: skip
 
 
-def _declaring(dra: DraNode, cdi_devices: list[str]) -> set[str]:
-    """The CDI spec files that declare any of these fully-qualified CDI device names (a name is
-    unique across specs, so they are the files of the claim the devices were prepared for)."""
-    wanted = {tuple(d.split("=", 1)) for d in cdi_devices if "=" in d}
-    found = set()
-    for name in dra.list_files("cdi"):
-        try:
-            spec = json.loads(dra.read_file("cdi", name) or b"")
-            declared = {(spec["kind"], d["name"]) for d in spec.get("devices") or []}
-        except (ValueError, TypeError, KeyError, AttributeError):
-            continue  # not a spec (a sentinel, a fault's leftover): never one of the claim's
-        if declared & wanted:
-            found.add(name)
-    return found
-
-
 def no_spec_left(node: Node, rec: Recorder) -> None:
     dra = _dra(node)
     wait_ready(dra, rec, "before the pod")
@@ -245,12 +229,12 @@ def no_spec_left(node: Node, rec: Recorder) -> None:
     # The pod's own claim's specs, told by the devices the runtime was asked for: another
     # claim's spec (a refused pod of an earlier check, prepared late by the kubelet's retry) is
     # not this pod's to judge.
-    made = wait_for(lambda: _declaring(dra, allocation.cdi_devices) or None, FAULT_TIMEOUT_S,
+    made = wait_for(lambda: specs_declaring(dra, allocation.cdi_devices) or None, FAULT_TIMEOUT_S,
                     "the claim's CDI spec while the pod runs")  # fmt: skip
     rec.note(f"CDI files of the pod's claim: {sorted(made)}")
     dra.release(allocation)
     t0 = rec.event("pod deleted")
-    wait_for(lambda: not _declaring(dra, allocation.cdi_devices), UNPREPARE_TIMEOUT_S,
+    wait_for(lambda: not specs_declaring(dra, allocation.cdi_devices), UNPREPARE_TIMEOUT_S,
              "no CDI spec left after the claim's unprepare")  # fmt: skip
     rec.metric("unprepared_s", rec.event("no CDI spec left") - t0)
 
