@@ -22,6 +22,9 @@ from conformance.targets.realnode import NODE_NAME, node_images, nodes, procs, s
 from tests.realnode.live_runs import kvm
 
 USES_NODE_STACK = True  # conftest: one node stack at a time on this machine
+# each test is a whole hvconform run on a real cluster (the first also brings the node up): the
+# suite's 300 s default stopped the DRA run mid-way on a loaded CI machine
+pytestmark = pytest.mark.timeout(1800)
 
 # Checks no route of this target can make (the reason is recorded with them).
 NOT_APPLICABLE = {
