@@ -6,6 +6,7 @@ it measures and the event it is counted from)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -19,12 +20,18 @@ from conformance.contract.deploy import CLUSTER_SCOPED
 from conformance.contract.wait import WaitExpired, wait_for
 from conformance.manifests.chart import chart_dir, helm_binary
 from conformance.targets.cluster.kube import KubeApi, Obj
+from conformance.targets.kindnode import BIN as KIND_BIN
 from conformance.targets.realnode import procs
 from conformance.targets.realnode.nodes import ADMIN_KUBECONFIG, NODE_CDI, NodeLayout
 from plugin.api.dra_wire import RESOURCE_API
 from plugin.api.names import DRA_DRIVER, HYPERVISOR_RESOURCE
 
-KUBECTL = "/usr/bin/kubectl"
+# kubectl is no system package bootstrap installs: the one `nox -s kind-image` builds from the
+# pinned Kubernetes module, else one on PATH ("": the migration test says which to get)
+KUBECTL = next(
+    (str(k) for k in (KIND_BIN / "kubectl", shutil.which("kubectl")) if k and Path(k).is_file()),
+    "",
+)
 WORK = "hv-migration-work"  # the workload pods' namespace
 LIVE_S = 180.0
 POOL_LABEL = "hyperlight.dev/pool"

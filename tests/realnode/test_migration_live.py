@@ -42,6 +42,7 @@ from tests.realnode.live_runs import kvm
 from tests.realnode.pool_guests import Guests, via_device_plugin, via_dra
 from tests.realnode.pools import (
     CLUSTER_KINDS,
+    KUBECTL,
     LIVE_S,
     PART_OF,
     POOL_LABEL,
@@ -76,6 +77,8 @@ DRAIN = ["--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[dict[str, Any]]:
+    if not KUBECTL:
+        pytest.skip("kubectl not found: run `nox -s kind-image` (builds it) or install kubectl")
     if missing := nodes.has_tools():
         pytest.skip(f"the node is not built ({', '.join(missing)}): run `nox -s node-build`")
     if nodes.recorded_nodes() or ((p := procs.recorded("kubelet")) and p.alive):
