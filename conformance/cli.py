@@ -91,6 +91,7 @@ def _cluster_options(
             all_nodes=ns.all_nodes,
             node_access=ns.node_access,
             allow_node_reboot=ns.allow_node_reboot,
+            allow_objects=tuple(ns.allow_objects),
             **({"diag_image": ns.diag_image} if ns.diag_image else {}),
         ).validate()
         if not ns.dry_run:
@@ -101,6 +102,13 @@ def _cluster_options(
     if ns.dry_run:
         print(plan_text(ns.target, options, plugin), end="")
         return None, 0
+    try:
+        plan = plan_text(ns.target, options, plugin)  # renders and gates: refusals before a run
+    except EnvironmentBlocked:
+        plan = ""  # helm missing, say: the suite's preflight reports it with its fix
+    hint = next((line for line in plan.splitlines() if "if the run is killed" in line), "")
+    if hint:
+        print(f"hvconform: {hint.lstrip('# ')}", flush=True)
     if ns.target == "kind":
         facts = kind_facts(options.node_image)
         print(f"hvconform: kind {facts['kind']} ({facts['kind_version']}), "

@@ -24,9 +24,11 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
+
+from conformance.contract import imageref
 
 # Re-exported: hvconform's CLI reads every rule and code from here.
 from conformance.contract.args import EXIT_BAD_INPUT as EXIT_BAD_INPUT
@@ -67,6 +69,24 @@ def markexpr_problem(markexpr: str) -> str | None:
         where = f" at column {exc.offset}" if exc.offset else ""
         return f"-m {markexpr!r}: not a marker expression{where}: {exc.msg}"
     return None
+
+
+def image_arg(*, pinned: bool, env: str = "") -> Callable[[str], str]:
+    """An argparse `type` for an image flag: the reference (conformance.contract.imageref),
+    pinned when asked; empty means not given. argparse also applies it to the default, so the
+    flag's environment variable is checked too; a refusal is OneLineParser's one line, exit 2,
+    before anything runs (no image built, no directory made)."""
+
+    def check(raw: str) -> str:
+        problem = imageref.problem(raw, pinned=pinned) if raw else None
+        if problem:
+            from_env = bool(env) and os.environ.get(env) == raw
+            raise argparse.ArgumentTypeError(
+                problem + (f" (the value of {env})" if from_env else "")
+            )
+        return raw
+
+    return check
 
 
 def recovery_problem(seconds: float) -> str | None:

@@ -62,19 +62,22 @@ def build_parser(cmd_run: Callable[[argparse.Namespace], int]) -> argparse.Argum
     run.add_argument(
         "--image",
         default=os.environ.get("HV_IMAGE", ""),
+        type=inputs.image_arg(pinned=True, env="HV_IMAGE"),
         help="container runtime, kind, aks, cluster: override the profile's deploy.image "
         "(a fixed tag, never :latest, or a digest) [HV_IMAGE]",
     )
     run.add_argument(
         "--guest-image",
         default=os.environ.get("HV_GUEST_IMAGE") or default_guest_image(),
+        type=inputs.image_arg(pinned=True, env="HV_GUEST_IMAGE"),
         help="kind/aks/cluster: the suite's workload image (python -m conformance.guest; "
-        "`nox -s image` builds it), never the plugin's [HV_GUEST_IMAGE]",
+        "`nox -s image` builds it), never the plugin's; a fixed tag or a digest [HV_GUEST_IMAGE]",
     )
     run.add_argument("--cluster-name", default="hvconform", help="kind: cluster name")
     run.add_argument(
         "--node-image",
         default=os.environ.get("HV_KIND_NODE_IMAGE") or ClusterOptions.node_image,
+        type=inputs.image_arg(pinned=False, env="HV_KIND_NODE_IMAGE"),
         help="kind: node image (`nox -s kind-image` builds one offline, hv-kind.local/node:TAG, "
         "and the kind engine names it when it holds it) [HV_KIND_NODE_IMAGE]",
     )
@@ -110,7 +113,23 @@ def build_parser(cmd_run: Callable[[argparse.Namespace], int]) -> argparse.Argum
         "not_applicable there. kind and aks nodes the run creates are always rebooted",
     )
     run.add_argument(
-        "--diag-image", default="", help="cluster/aks: diagnostic pod image (needs nsenter)"
+        "--allow-object",
+        dest="allow_objects",
+        action="append",
+        default=[],
+        metavar="KIND/NAME",
+        help="cluster/kind/aks: apply this object of the profile although it is wider than a "
+        "plugin's deploy (a binding to a built-in role or to users or groups, a webhook, a CRD, "
+        "an APIService, another cluster-scoped kind, hostPID/hostNetwork/hostIPC pods, a "
+        "hostPath of the host's root or system trees); NAME as the profile writes it (or its "
+        "generateName). Repeatable; each is printed in the plan and the report, and one that "
+        "names nothing needing it is refused",
+    )
+    run.add_argument(
+        "--diag-image",
+        default="",
+        type=inputs.image_arg(pinned=False),
+        help="cluster/aks: diagnostic pod image (needs nsenter)",
     )
     run.add_argument("--resource-group", default="", help="aks: resource group (required)")
     run.add_argument("--cluster", default="", help="aks: existing cluster (required)")
@@ -170,6 +189,7 @@ def _subcommands() -> list[Register]:
     from conformance.metadata.cli import register as metadata_register
     from conformance.report.cli import register as report_register
     from conformance.report.compare import register as compare_register
+    from conformance.targets.cluster.sweep import register as cleanup_register
 
     registers: list[Register] = [
         manifests_register,
@@ -177,5 +197,6 @@ def _subcommands() -> list[Register]:
         report_register,
         compare_register,
         bench_register,
+        cleanup_register,
     ]
     return registers

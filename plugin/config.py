@@ -24,6 +24,7 @@ from plugin.inputs import (
     Invalid,
     check_resource_name,
     parse_host_port,
+    parse_https_url,
     parse_int,
     parse_seconds,
     show,
@@ -331,9 +332,7 @@ def _subdomain(limit: int) -> Callable[[str], str]:
 
 
 def _https(raw: str) -> str:
-    if raw and (not raw.startswith("https://") or any(c in raw for c in " \n\t")):
-        raise Invalid(f"{show(raw)} must be an https:// URL")
-    return raw
+    return parse_https_url(raw) if raw else ""  # empty: in-cluster
 
 
 def _file_or_empty(raw: str) -> str:

@@ -32,6 +32,10 @@ MAX_NUMBER_CHARS = 32
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9]{0,61}[A-Za-z0-9])?")
 _PORT = re.compile(r"[0-9]{1,5}")
 MAX_PORT = 65535
+# An API server URL: "https://", a 253-character host or a bracketed IPv6 address, ":65535",
+# "/". Anything longer is refused before it is parsed.
+MAX_URL_CHARS = 300
+HTTPS = "https://"
 
 
 class Invalid(ValueError):
@@ -151,3 +155,57 @@ def parse_host_port(raw: str, default_host: str) -> tuple[str, int]:
     if not _PORT.fullmatch(port) or int(port) > MAX_PORT:
         raise Invalid(f"port {show(port)} is not a number in 0-{MAX_PORT} (0: any free port)")
     return host, int(port)
+
+
+def _url_port(port: str, raw: str) -> None:
+    if not port:
+        raise Invalid(f"{show(raw)} has no port after ':'")
+    if not _PORT.fullmatch(port) or not 0 < int(port) <= MAX_PORT:
+        raise Invalid(f"port {show(port)} is not a number in 1-{MAX_PORT}")
+
+
+def parse_https_url(raw: str) -> str:
+    """An API server's URL, exactly https://HOST[:PORT][/]: HOST a DNS name, an IPv4 address or
+    a bracketed IPv6 address; no credentials, path, query or fragment, which a client would
+    drop or misuse. The value is returned as given."""
+    if len(raw) > MAX_URL_CHARS:
+        raise Invalid(f"{show(raw)} is longer than {MAX_URL_CHARS} characters")
+    if not raw.isascii() or any(c <= " " or c == "\x7f" for c in raw):
+        raise Invalid(f"{show(raw)} holds a space, a control character or a non-ASCII character")
+    if not raw.startswith(HTTPS):
+        raise Invalid(f"{show(raw)} must be an https:// URL")
+    rest = raw[len(HTTPS) :]
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    if "@" in authority:  # never echoed: the part before '@' may be a password
+        raise Invalid(
+            "credentials in the URL (USER@HOST) are refused: use --kube-token-file or "
+            "--kube-client-cert"
+        )
+    for mark, part in (("?", "a query"), ("#", "a fragment")):
+        if mark in tail:
+            raise Invalid(f"{show(raw)} has {part}; give only https://HOST[:PORT]")
+    if tail not in ("", "/"):
+        raise Invalid(f"{show(raw)} has a path; give only https://HOST[:PORT]")
+    if authority.startswith("["):
+        inside, bracket, port = authority[1:].partition("]")
+        try:
+            if not bracket or "%" in inside:
+                raise ValueError(inside)
+            ipaddress.IPv6Address(inside)
+        except ValueError:
+            raise Invalid(f"{show(raw)}: the host in brackets is not an IPv6 address") from None
+        if port and not port.startswith(":"):
+            raise Invalid(f"{show(raw)}: after the bracketed host only :PORT may follow")
+        if port:
+            _url_port(port[1:], raw)
+        return raw
+    host, colon, port = authority.partition(":")
+    if ":" in port:
+        raise Invalid(f"{show(raw)}: write an IPv6 address in brackets, https://[ADDRESS]:PORT")
+    if not host:
+        raise Invalid(f"{show(raw)} has no host")
+    _check_host(host)
+    if colon:
+        _url_port(port, raw)
+    return raw

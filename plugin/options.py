@@ -188,7 +188,9 @@ OPTIONS: tuple[_Opt, ...] = (
     _Opt(
         "kube-api-server",
         "",
-        "dra: https:// URL of the API server (empty: in-cluster, from the pod's service account)",
+        "dra: the API server, https://HOST[:PORT] with HOST a DNS name, an IPv4 address or "
+        "[IPv6], PORT 1-65535; no credentials, path, query or fragment (empty: in-cluster, from "
+        "the pod's service account)",
     ),
     _Opt("kube-ca-file", "", "dra, with --kube-api-server: the API server's CA bundle"),
     _Opt("kube-token-file", "", "dra, with --kube-api-server: a bearer token file"),

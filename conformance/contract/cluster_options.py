@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from conformance.contract import imageref
+
 CLUSTER_TARGETS = ("cluster", "kind", "aks")
 HYPERVISORS = ("kvm", "mshv")
 NODE_ACCESS = ("pod", "direct")
@@ -49,6 +51,8 @@ class ClusterOptions:
     # only when the user opts in (--allow-node-reboot); kind's and AKS's own nodes always
     allow_node_reboot: bool = False
     manifests: str = ""  # which chart values the plugin is rendered with (default per target)
+    # profile objects wider than a plugin's deploy that the user named (--allow-object KIND/NAME)
+    allow_objects: tuple[str, ...] = ()
     # aks
     resource_group: str = ""
     cluster: str = ""
@@ -77,6 +81,13 @@ class ClusterOptions:
         return (re.sub(r"[^a-z0-9]", "", self.run_id.lower()) or "run")[-8:]
 
     @property
+    def run_label(self) -> str:
+        """The run's label value on every object it creates (a label value: 63 characters of
+        [-A-Za-z0-9_.], alphanumeric at both ends); `hvconform cleanup --run-id` takes it."""
+        value = re.sub(r"[^A-Za-z0-9_.-]", "-", self.run_id)[-63:]
+        return value.strip("-_.") or "run"
+
+    @property
     def manifest_target(self) -> str:
         """The name conformance.manifests renders for: kind, aks or aks-mshv."""
         if self.manifests:
@@ -101,10 +112,17 @@ class ClusterOptions:
             raise ValueError(f"--hypervisor must be kvm or mshv, got {self.hypervisor!r}")
         if self.target == "kind" and self.hypervisor != "kvm":
             raise ValueError("kind nodes get the host's /dev/kvm only: --hypervisor kvm")
-        name, _, tag = self.image.rpartition(":")
-        if not name or "/" in tag or tag in ("", "latest"):
-            # kind load and IfNotPresent need a fixed tag; :latest would be pulled, not loaded.
-            raise ValueError(f"--image needs an explicit tag other than latest: {self.image!r}")
+        # kind load and IfNotPresent need a fixed tag; :latest would be pulled, not loaded. The
+        # guest image travels the same way; the node and diagnostic images are only pulled.
+        for flag, image, pinned in (
+            ("--image", self.image, True),
+            ("--guest-image", self.guest_image, True),
+            ("--node-image", self.node_image, False),
+            ("--diag-image", self.diag_image, False),
+        ):
+            problem = imageref.problem(image, pinned=pinned) if image or flag == "--image" else None
+            if problem:
+                raise ValueError(f"{flag} {problem}")
         if self.target == "aks" and not (self.resource_group and self.cluster):
             raise ValueError("the aks target needs --resource-group and --cluster (no defaults)")
         if self.node_access not in NODE_ACCESS:
@@ -132,8 +150,9 @@ class ClusterOptions:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ClusterOptions:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        if "nodes" in known:
-            known["nodes"] = tuple(known["nodes"])
+        for key in ("nodes", "allow_objects"):
+            if key in known:
+                known[key] = tuple(known[key])
         return cls(**known)
 
     def with_(self, **changes: Any) -> ClusterOptions:

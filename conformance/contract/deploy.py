@@ -18,20 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from conformance.contract import imageref
 from conformance.contract.errors import ProfileError
 from conformance.contract.profile_rules import known_keys
 from conformance.contract.safeyaml import excerpt
 
-# distribution/reference's grammar without IPv6 registry hosts: a tag or a digest is required.
-_DOMAIN = (
-    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
-)
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-IMAGE_RE = re.compile(
-    rf"^(?P<name>(?:{_DOMAIN}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*)"
-    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
-    r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
-)
 _DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_KEY = re.compile(
     r"^(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
@@ -45,17 +36,28 @@ _POD_KEYS = {"namespace", "labels", "container"}
 MAX_FILES = 32
 
 
-# Kinds whose objects have no namespace: what a plugin's or a driver's objects can hold (a table,
-# not a discovery round trip per object), for rendering and applying them alike.
+# Kinds whose objects have no namespace: the fallback for a plan made before any cluster exists
+# (kind, AKS); a real run asks the cluster's discovery and refuses an object whose scope there
+# differs from this table's (conformance.targets.cluster.deploy).
 CLUSTER_SCOPED = frozenset(
     {
-        "Namespace", "Node", "ClusterRole", "ClusterRoleBinding", "PriorityClass",
-        "RuntimeClass", "CustomResourceDefinition", "StorageClass", "PodSecurityPolicy",
+        "Namespace", "Node", "PersistentVolume", "ComponentStatus",
+        "ClusterRole", "ClusterRoleBinding", "PriorityClass", "RuntimeClass",
+        "CustomResourceDefinition", "APIService", "StorageClass", "CSIDriver", "CSINode",
+        "VolumeAttachment", "VolumeAttributesClass", "IngressClass", "PodSecurityPolicy",
+        "CertificateSigningRequest", "ClusterTrustBundle", "FlowSchema",
+        "PriorityLevelConfiguration", "StorageVersionMigration",
         "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration",
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+        "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding",
         "DeviceClass", "ResourceSlice", "DeviceTaintRule",
     }
 )  # fmt: skip
+
+
+def table_namespaced(api_version: str, kind: str) -> bool:
+    """The fallback table's scope of a kind (any version): namespaced unless listed above."""
+    return kind not in CLUSTER_SCOPED
 
 
 @dataclass(frozen=True)
@@ -129,15 +131,10 @@ class Deploy:
 
 
 def image_problem(image: str) -> str | None:
-    """Why `image` cannot be deployed reproducibly, or None (a tag other than latest, or a
-    digest: kind never re-pulls a mutable tag, and a node would pull another image)."""
-    match = IMAGE_RE.fullmatch(image)
-    if match is None:
-        return f"{image!r:.120} is not an image reference (name:tag or name@sha256:...)"
-    tag, digest = match.group("tag"), match.group("digest")
-    if digest is None and (tag is None or tag.lower() == "latest"):
-        return f"{image!r:.120} is not pinned: give a version tag (not latest) or a digest"
-    return None
+    """Why `image` cannot be deployed reproducibly, or None: a reference (conformance.contract.
+    imageref) pinned by a tag other than latest, or a digest (kind never re-pulls a mutable
+    tag, and a node would pull another image)."""
+    return imageref.problem(image, pinned=True)
 
 
 def _file(value: Any, where: str, base: Path, *, directory: bool = False) -> str:

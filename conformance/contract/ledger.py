@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -58,12 +59,37 @@ def mounts_at(path: str) -> int:
     return _mount_points()[path]
 
 
+# On a shared resource (/run/netns): the run-level owners (process idents) still using it.
+SHARED_OWNERS_XATTR = "user.hv_conformance.owners"
+
+
+def live_shared_owners(path: Path) -> list[str]:
+    """The owners registered on `path` whose process still lives (a crashed run's drop out)."""
+    try:
+        raw = os.getxattr(path, SHARED_OWNERS_XATTR).decode("ascii", "replace")
+    except OSError:
+        return []
+    live = []
+    for ident in raw.split():
+        pid, _, start = ident.partition(":")
+        if pid.isdecimal() and _proc_start_time(int(pid)) == start:
+            live.append(ident)
+    return live
+
+
 def still_present(entry: Entry, mounts: Counter[str] | None = None) -> bool:
     """Whether the resource the entry names still exists on this machine."""
     if entry.detail.startswith("shared"):
-        # Shared by concurrent runs (/run/netns): a leak only if it stays with nobody inside.
+        # Shared by concurrent runs (/run/netns): a leak only if it stays with nobody inside and
+        # no live run registered on it (its owner releases it when that run ends). The mount
+        # of a directory that existed before is gone once the directory is no mount point.
         path = Path(entry.ident)
-        return path.is_dir() and not any(path.iterdir())
+        if (
+            entry.kind == "mount"
+            and (mounts if mounts is not None else _mount_points())[entry.ident] == 0
+        ):
+            return False
+        return path.is_dir() and not any(path.iterdir()) and not live_shared_owners(path)
     if entry.kind == "process":
         pid, start = entry.ident.split(":", 1)
         current = _proc_start_time(int(pid))
@@ -166,6 +192,63 @@ class Ledger:
 
     def record_process(self, pid: int, detail: str = "") -> None:
         self.record("process", process_ident(pid), detail)
+
+    def made(self, kind: str, ident: str) -> bool:
+        """Whether this ledger says its owner created `ident` (read back from the file: what
+        decides a removal is what was written down, not what a process remembers)."""
+        return any(
+            e.kind == kind and e.ident == ident and e.owner == self.owner
+            for e in read_entries([self.path])
+        )
+
+
+def make_dirs(ledger: Ledger, path: Path, detail: str) -> list[Path]:
+    """`mkdir -p path`, each directory this call makes recorded as the run's (kind "dir") the
+    moment it exists; one that existed already (or appeared meanwhile) is not the run's, and
+    `remove_made_dirs` leaves it exactly as it is. Returns the directories made, outermost
+    first."""
+    missing: list[Path] = []
+    walk = path
+    while not os.path.lexists(walk):
+        missing.append(walk)
+        walk = walk.parent
+    made = []
+    for directory in reversed(missing):
+        try:
+            directory.mkdir()
+        except FileExistsError:
+            continue  # someone else's, made between the look and the mkdir
+        ledger.record("dir", str(directory), detail)
+        made.append(directory)
+    return made
+
+
+def remove_made_dirs(ledger: Ledger, path: Path, *, tree: bool) -> list[str]:
+    """Remove `path`, then each parent, while the ledger records them as made by the run; stop
+    at the first one the run did not make (left as it was, contents included). `tree`: `path`
+    goes with what is inside (all of it the run's, as the run made it); parents only when empty
+    (something else may have been put there meanwhile). Never through a mount: a dir with a
+    mount point inside is left and named. Returns what could not be removed."""
+    problems: list[str] = []
+    mounts = _mount_points()
+    current, first = path, True
+    while os.path.lexists(current) and ledger.made("dir", str(current)):
+        inside = [m for m in mounts if m == str(current) or m.startswith(f"{current}/")]
+        if inside:
+            problems.append(f"dir {current}: a mount inside ({inside[0]})")
+            break
+        try:
+            if first and tree and current.is_dir() and not current.is_symlink():
+                shutil.rmtree(current)
+            else:
+                current.rmdir()
+        except OSError as exc:
+            if not first:
+                break  # a parent someone else now uses: left, and named by the ledger's check
+            problems.append(f"dir {current}: {exc.strerror}")
+            break
+        current, first = current.parent, False
+    return problems
 
 
 def read_entries(paths: Iterable[Path]) -> list[Entry]:

@@ -3,6 +3,8 @@
 Workers put each check's record into the report's user_properties; the controller (or the single
 process without xdist) collects them, verifies cleanup across every worker's ledger, and writes
 results.json. Skips carry their status ("not_applicable: ...") so nothing skipped looks passed.
+The controller is also the run-level owner of what workers share on the host (/run/netns:
+conformance.targets.local.netns.RunOwner): started before any worker, released once all ended.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 from conformance.contract import runcontext
 from conformance.contract.dra import plugin_api
 from conformance.contract.dra_profile import API_TITLES
+from conformance.contract.ledger import Entry, read_entries
 from conformance.contract.node import Node
 from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
 from conformance.contract.results import (
@@ -36,6 +39,7 @@ from conformance.metadata.twophase import TwoPhase
 from conformance.scenarios import BY_ID, CATALOGUE, CLEANUP, Check
 from conformance.suite import environment, identity, preflight, session_checks
 from conformance.targets import open_target
+from conformance.targets.local.netns import RunOwner
 
 USER_PROP = "hv_check"
 # Preconditions: checked before the first check; an unmet one blocks every check.
@@ -62,9 +66,25 @@ def pytest_configure(config: pytest.Config) -> None:
         ctx = context()
         ctx.out.mkdir(parents=True, exist_ok=True)
         config.stash[_RUN] = {"started": time.time(), "records": {}, "done": 0}
+        # Before xdist starts the workers (pytest_sessionstart): they inherit the owner's id.
+        owner = RunOwner()
+        owner.start()
+        config.stash[_NETNS] = owner
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A session that never reached its end (a usage error) still ends its ownership."""
+    if _NETNS in config.stash:
+        config.stash[_NETNS].release(_ledger_entries())
+
+
+def _ledger_entries() -> list[Entry]:
+    """Every worker's ledger, in the run's out dir."""
+    return read_entries(sorted((run_dir() / "ledger").glob("*.jsonl")))
 
 
 _RUN = pytest.StashKey[dict[str, Any]]()
+_NETNS = pytest.StashKey[RunOwner]()
 
 
 def context() -> RunContext:
@@ -293,6 +313,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     ctx = context()
     out = ctx.out
     records = run["records"]
+    # Every worker has ended (xdist's own sessionfinish tore them down): what they shared on
+    # the host is released by the run, before the ledgers are verified.
+    if _NETNS in config.stash:
+        config.stash[_NETNS].release(_ledger_entries())
+        del config.stash[_NETNS]
     # cleanup, metadata-two-phase and plugin-identity, once every worker is done
     cluster, blocked = session_checks.decide(out, records, ctx.plugin)
     for check_id in session_checks.ORDER:  # on the console as every check is

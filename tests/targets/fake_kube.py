@@ -25,6 +25,94 @@ from typing import Any
 
 from tests.targets.fakes import node_answer
 
+# What the stand-in serves through discovery (group/version, kind, plural, namespaced): the kinds
+# a cluster run touches and the ones the blast-radius tests name; a real API server's answers
+# have the same shape (APIGroupList, APIResourceList).
+SERVED = (
+    ("v1", "Namespace", "namespaces", False),
+    ("v1", "Node", "nodes", False),
+    ("v1", "Pod", "pods", True),
+    ("v1", "Service", "services", True),
+    ("v1", "ServiceAccount", "serviceaccounts", True),
+    ("v1", "ConfigMap", "configmaps", True),
+    ("v1", "Secret", "secrets", True),
+    ("v1", "PersistentVolume", "persistentvolumes", False),
+    ("apps/v1", "DaemonSet", "daemonsets", True),
+    ("apps/v1", "ReplicaSet", "replicasets", True),
+    ("apps/v1", "Deployment", "deployments", True),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", False),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", False),
+    ("rbac.authorization.k8s.io/v1", "Role", "roles", True),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", True),
+    ("resource.k8s.io/v1", "DeviceClass", "deviceclasses", False),
+    ("resource.k8s.io/v1", "ResourceSlice", "resourceslices", False),
+    ("resource.k8s.io/v1", "ResourceClaim", "resourceclaims", True),
+    (
+        "admissionregistration.k8s.io/v1",
+        "ValidatingAdmissionPolicy",
+        "validatingadmissionpolicies",
+        False,
+    ),
+    (
+        "admissionregistration.k8s.io/v1",
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+        False,
+    ),
+    (
+        "admissionregistration.k8s.io/v1",
+        "MutatingWebhookConfiguration",
+        "mutatingwebhookconfigurations",
+        False,
+    ),
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", False),
+    ("apiregistration.k8s.io/v1", "APIService", "apiservices", False),
+    ("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors", True),
+    ("example.com/v1", "Widget", "widgets", False),  # a CRD's kind the table does not know
+)
+VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+
+
+def discovery(path: str) -> dict[str, Any] | None:
+    """The discovery document at `path`, or None when `path` is not one."""
+    if path == "/version":
+        return {"major": "1", "minor": "37", "gitVersion": "v1.37.2-contract"}
+    if path == "/api":
+        return {"kind": "APIVersions", "versions": ["v1"]}
+    groups = sorted({gv for gv, *_ in SERVED if "/" in gv})
+    if path == "/apis":
+        return {
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [
+                {
+                    "name": gv.split("/")[0],
+                    "versions": [{"groupVersion": gv, "version": gv.split("/")[1]}],
+                    "preferredVersion": {"groupVersion": gv, "version": gv.split("/")[1]},
+                }
+                for gv in groups
+            ],
+        }
+    for gv in ("v1", *groups):
+        if path == ("/api/v1" if gv == "v1" else f"/apis/{gv}"):
+            return {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": gv,
+                "resources": [
+                    {
+                        "name": plural,
+                        "singularName": "",
+                        "namespaced": scoped,
+                        "kind": kind,
+                        "verbs": VERBS,
+                    }
+                    for g, kind, plural, scoped in SERVED
+                    if g == gv
+                ],
+            }
+    return None
+
 
 class KubeState:
     """Objects by path; pods synthesized for DaemonSets and workload pods admitted as recorded."""
@@ -91,11 +179,14 @@ class KubeState:
         pod: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": f"{name}-{self.serial:05d}", "namespace": ns,
-                         "labels": dict(ds["spec"]["template"]["metadata"].get("labels", {}))},
+            "metadata": {
+                "name": f"{name}-{self.serial:05d}",
+                "namespace": ns,
+                "labels": dict(ds["spec"]["template"]["metadata"].get("labels", {})),
+            },
             "spec": {**copy.deepcopy(spec), "nodeName": node},
             "_owner": ds_path,
-        }  # fmt: skip
+        }
         self.stamp(pod)
         pod["status"] = self.running_status(spec["containers"])
         self.objects[f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}"] = pod
@@ -250,6 +341,10 @@ class FakeKube:
         body: Any,
     ) -> None:
         objects = self.state.objects
+        served = discovery(path) if method == "GET" else None
+        if served is not None:
+            self.send(h, 200, served)
+            return
         if "/proxy/" in path:
             self.send(h, 200, b"ok\n", "text/plain")
             return
@@ -263,6 +358,9 @@ class FakeKube:
             return
         if method == "POST":
             obj = copy.deepcopy(body)
+            if not obj["metadata"].get("name") and obj["metadata"].get("generateName"):
+                suffix = hashlib.sha256(str(self.state.serial).encode()).hexdigest()[:5]
+                obj["metadata"]["name"] = obj["metadata"]["generateName"] + suffix
             full = f"{path}/{obj['metadata']['name']}"
             if "All" in query.get("dryRun", []):
                 self.send(h, 201, obj)
@@ -292,6 +390,10 @@ class FakeKube:
             if path not in objects:
                 self.status(h, 404, "NotFound", "not found")
                 return
+            want = ((body or {}).get("preconditions") or {}).get("uid")
+            if want and objects[path]["metadata"].get("uid") != want:
+                self.status(h, 409, "Conflict", f"Precondition failed: UID in precondition: {want}")
+                return
             obj = objects.pop(path)
             for other in [p for p, o in objects.items() if o.get("_owner") == path]:
                 del objects[other]
@@ -311,7 +413,7 @@ class FakeKube:
             self.status(h, 404, "NotFound", f"{path} not found")
 
     def is_collection(self, path: str) -> bool:
-        return path.rstrip("/").rsplit("/", 1)[-1] in ("pods", "nodes", "namespaces", "daemonsets")
+        return path.rstrip("/").rsplit("/", 1)[-1] in {plural for _, _, plural, _ in SERVED}
 
     def select(self, path: str, query: dict[str, list[str]]) -> list[dict[str, Any]]:
         kind = path.rsplit("/", 1)[-1]

@@ -45,14 +45,25 @@ def test_the_shipped_profile_applies_what_hvconform_manifests_prints(tmp_path: P
          "--image", o.image, "--namespace", o.plugin_namespace],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    rendered = parse(printed)
+    printed_objects = parse(printed)
+    # The chart's Namespace is replaced by the run's own (blast radius: a run never applies a
+    # profile's Namespace), which keeps its pod-security labels; everything else as printed.
+    chart_ns = [obj for obj in printed_objects if obj["kind"] == "Namespace"]
+    rendered = [obj for obj in printed_objects if obj["kind"] != "Namespace"]
     assert parse(lifecycle.text) == rendered
-    # Every rendered object is applied as it is; the run adds only its own namespaces.
     applied = [obj for obj in lifecycle.objects if obj in rendered]
     assert applied == rendered
     added = [obj for obj in lifecycle.objects if obj not in rendered]
     assert {o["kind"] for o in added} == {"Namespace"}
-    assert {o["metadata"]["name"] for o in added} == {o.work_namespace, f"hvconform-diag-{RUN_ID}"}
+    assert {o["metadata"]["name"] for o in added} == {
+        o.plugin_namespace,
+        o.work_namespace,
+        f"hvconform-diag-{RUN_ID}",
+    }
+    own = next(x for x in added if x["metadata"]["name"] == o.plugin_namespace)
+    security = "pod-security.kubernetes.io/enforce"
+    assert own["metadata"]["labels"][security] == chart_ns[0]["metadata"]["labels"][security]
+    assert own["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "hvconform"
     assert not lifecycle.layout.host_view_isolated  # the real /dev view stays as rendered
 
 

@@ -1,46 +1,93 @@
 """Deploying the rendered manifests: server-side dry run, create, rollout wait, delete, verify.
 
-Shared by kind and AKS. Only what this run created is deleted: a 409 on a cluster-scoped object
-means someone else's, which is left alone (and a namespace we did not create is refused).
+Shared by every cluster target. Only what this run created is deleted, and only as the server
+named it: each create's reply (name, namespace, UID) is written to the run's object ledger
+before the run goes on, and every delete names one object with a UID precondition (an object
+re-made under that name by someone else is never ours). A 409 on a cluster-scoped object means
+someone else's, which is used as is and never deleted (a namespace we did not create is refused).
+Every object carries the run's label (KubeApi.stamp); verification lists that label across the
+kinds the run used, so whatever a kind's name or a generated name, nothing of the run is left.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from conformance.contract.deploy import CLUSTER_SCOPED
 from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.wait import WaitExpired
 from conformance.targets.cluster.kube import (
     ApiError,
     KubeApi,
     Obj,
+    ResourceInfo,
     describe,
-    object_path,
-    resource_path,
+    table_resource,
 )
 from conformance.targets.cluster.lifecycle import RunReport
 from conformance.targets.cluster.plan import ClusterOptions, Step
 
 POLICY_WORDS = ("admission", "denied", "policy", "safeguard", "gatekeeper", "forbidden")
+Resolve = Callable[[str, str], ResourceInfo]
+TABLE_NOTE = (
+    "paths and scopes in this plan are the built-in table's (no cluster was asked); the run "
+    "checks each object against the cluster's discovery before applying it"
+)
+
+
+@dataclass(frozen=True)
+class Created:
+    """One object as the server made it: what cleanup deletes, by name and UID."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str
+    uid: str
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.namespace + '/' if self.namespace else ''}{self.name}"
 
 
 def manifest_yaml(objects: list[Obj]) -> str:
     return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False).rstrip()
 
 
-def _post(obj: Obj, dry_run: bool) -> str:
+def _ns(obj: Obj, info: ResourceInfo) -> str:
+    return str(obj.get("metadata", {}).get("namespace", "")) if info.namespaced else ""
+
+
+def _name_shown(obj: Obj) -> str:
     meta = obj.get("metadata", {})
-    path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace", ""))
+    return str(meta.get("name") or f"<{meta.get('generateName', '')}... the server's name>")
+
+
+def _post(obj: Obj, dry_run: bool, resolve: Resolve) -> str:
+    info = resolve(obj["apiVersion"], obj["kind"])
+    path = info.collection(_ns(obj, info))
     return f"POST {path}{'?dryRun=All' if dry_run else ''}  ({describe(obj)})"
 
 
-def _delete(obj: Obj) -> str:
-    return f"DELETE {object_path(obj)}?propagationPolicy=Foreground  (then GET until 404)"
+def _shown_path(obj: Obj, resolve: Resolve) -> str:
+    info = resolve(obj["apiVersion"], obj["kind"])
+    meta = obj.get("metadata", {})
+    if meta.get("name"):
+        return info.item(str(meta["name"]), _ns(obj, info))
+    return f"{info.collection(_ns(obj, info))}/{_name_shown(obj)}"
+
+
+def _delete(obj: Obj, resolve: Resolve) -> str:
+    return (
+        f"DELETE {_shown_path(obj, resolve)}?propagationPolicy=Foreground  "
+        "(precondition: the UID the server gave it; then GET until 404)"
+    )
 
 
 def split(objects: list[Obj]) -> tuple[list[Obj], list[Obj]]:
@@ -49,7 +96,9 @@ def split(objects: list[Obj]) -> tuple[list[Obj], list[Obj]]:
     return namespaces, [o for o in objects if o["kind"] != "Namespace"]
 
 
-def deploy_steps(objects: list[Obj], extra_dry_run: list[Obj]) -> dict[str, Step]:
+def deploy_steps(
+    objects: list[Obj], extra_dry_run: list[Obj], resolve: Resolve = table_resource
+) -> dict[str, Step]:
     """The steps by id; the target puts them in order around its own."""
     namespaces, rest = split(objects)
     sets = [o for o in objects if o["kind"] == "DaemonSet"]
@@ -58,7 +107,7 @@ def deploy_steps(objects: list[Obj], extra_dry_run: list[Obj]) -> dict[str, Step
             "namespaces",
             "setup",
             "create the run's namespaces (a namespaced dry run needs them)",
-            api=tuple(_post(o, False) for o in namespaces),
+            api=tuple(_post(o, False, resolve) for o in namespaces),
             manifest=manifest_yaml(namespaces),
             arms="delete-objects",
         ),
@@ -66,13 +115,14 @@ def deploy_steps(objects: list[Obj], extra_dry_run: list[Obj]) -> dict[str, Step
             "dry-run",
             "setup",
             "server-side dry run of every object: a policy refusal is environment_blocked",
-            api=tuple(_post(o, True) for o in [*rest, *extra_dry_run]),
+            api=tuple(_post(o, True, resolve) for o in [*rest, *extra_dry_run]),
         ),
         "apply": Step(
             "apply",
             "setup",
-            "create the plugin objects (harness wiring applied, see manifest)",
-            api=tuple(_post(o, False) for o in rest),
+            "create the plugin objects (harness wiring applied, see manifest); each reply's "
+            "name and UID recorded before the next",
+            api=tuple(_post(o, False, resolve) for o in rest),
             manifest=manifest_yaml(rest),
             arms="delete-plugin",
         ),
@@ -81,7 +131,8 @@ def deploy_steps(objects: list[Obj], extra_dry_run: list[Obj]) -> dict[str, Step
             "setup",
             "wait for DaemonSet rollout (deadline --rollout-timeout)",
             api=tuple(
-                f"GET {object_path(o)}  (until updated == available == desired >= 1)" for o in sets
+                f"GET {_shown_path(o, resolve)}  (until updated == available == desired >= 1)"
+                for o in sets
             ),
         ),
         "delete-plugin": Step(
@@ -89,30 +140,32 @@ def deploy_steps(objects: list[Obj], extra_dry_run: list[Obj]) -> dict[str, Step
             "cleanup",
             "delete the plugin objects (DaemonSets first; foreground: their pods go first), "
             "wait until gone: nothing runs on the node when its state is removed",
-            api=tuple(_delete(o) for o in sorted(reversed(rest), key=_daemonset_last)),
+            api=tuple(_delete(o, resolve) for o in sorted(reversed(rest), key=_daemonset_last)),
         ),
         "delete-objects": Step(
             "delete-objects",
             "cleanup",
             "delete what this run created (DaemonSets, then namespaces), wait until gone",
-            api=tuple(_delete(o) for o in reversed(objects)),
+            api=tuple(_delete(o, resolve) for o in reversed(objects)),
         ),
         "verify-objects": Step(
             "verify-objects",
             "verify",
-            "every object this run created answers 404",
+            "every object this run created answers 404 (or another UID), and a list of the "
+            "run's label across the kinds it used finds nothing",
             api=tuple(
-                f"GET {object_path(o)}"
+                f"GET {_shown_path(o, resolve)}"
                 for o in objects
-                if o["kind"] == "Namespace" or o["kind"] in CLUSTER_SCOPED
+                if not resolve(o["apiVersion"], o["kind"]).namespaced
             ),
         ),
     }
 
 
-def _daemonset_last(obj: Obj) -> bool:
+def _daemonset_last(obj: Obj | Created) -> bool:
     """Sort key: DaemonSets before everything else."""
-    return bool(obj["kind"] != "DaemonSet")
+    kind = obj.kind if isinstance(obj, Created) else obj["kind"]
+    return bool(kind != "DaemonSet")
 
 
 def blocked_by_policy(exc: ApiError) -> bool:
@@ -124,21 +177,62 @@ class Deployer:
     """Creates, waits for and deletes the objects of one run."""
 
     def __init__(
-        self, api: Callable[[], KubeApi], options: ClusterOptions, objects: list[Obj]
+        self,
+        api: Callable[[], KubeApi],
+        options: ClusterOptions,
+        objects: list[Obj],
+        ledger: Path | None = None,
     ) -> None:
         self.api = api
         self.options = options
         self.objects = objects
-        self.created: list[Obj] = []
+        self.created: list[Created] = []
+        # the server's replies, one JSON line each, written before the run goes on: what a
+        # killed run made is on disk (and labelled: `hvconform cleanup` finds it either way)
+        self.ledger = ledger or Path(options.workdir) / "cluster-objects.jsonl"
+
+    def _checked(self, obj: Obj) -> ResourceInfo:
+        """The kind as this cluster serves it, against how the plan placed the object: a kind
+        the table took for namespaced that the cluster serves cluster-wide (or the reverse) was
+        never judged as such by the blast-radius gate, so it is refused here."""
+        info = self.api().resource(obj["apiVersion"], obj["kind"])
+        has_ns = bool(obj.get("metadata", {}).get("namespace"))
+        if info.namespaced != has_ns and obj["kind"] != "Namespace":
+            planned = "namespaced" if has_ns else "cluster-scoped"
+            actual = "namespaced" if info.namespaced else "cluster-scoped"
+            raise EnvironmentBlocked(
+                f"{describe(obj)} was planned as {planned} but this cluster serves "
+                f"{obj['kind']} ({obj['apiVersion']}) as {actual} (discovery): not applied"
+            )
+        return info
 
     def _create(self, obj: Obj) -> None:
+        info = self._checked(obj)
         try:
-            self.api().create(obj)
+            reply = self.api().create(obj)
         except ApiError as exc:
-            if exc.status == 409 and obj["kind"] in CLUSTER_SCOPED and obj["kind"] != "Namespace":
+            if exc.status == 409 and not info.namespaced and obj["kind"] != "Namespace":
                 return  # someone else's: used as is, never deleted by us
             raise
-        self.created.append(obj)
+        meta = reply.get("metadata") or {}
+        made = Created(
+            obj["apiVersion"],
+            obj["kind"],
+            str(meta.get("name", "")),
+            str(meta.get("namespace", "")) if info.namespaced else "",
+            str(meta.get("uid", "")),
+        )
+        if not made.name or not made.uid:
+            raise RuntimeError(f"the server's reply to creating {describe(obj)} names no object")
+        self._record(made)
+        self.created.append(made)
+
+    def _record(self, made: Created) -> None:
+        self.ledger.parent.mkdir(parents=True, exist_ok=True)
+        with self.ledger.open("a") as f:
+            f.write(json.dumps(asdict(made)) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
     def create_namespaces(self, extra: list[Obj]) -> None:
         for obj in [*split(self.objects)[0], *extra]:
@@ -146,6 +240,7 @@ class Deployer:
 
     def dry_run(self, extra: list[Obj]) -> None:
         for obj in [*split(self.objects)[1], *extra]:
+            self._checked(obj)
             try:
                 self.api().create(obj, dry_run=True)
             except ApiError as exc:
@@ -163,7 +258,17 @@ class Deployer:
     def wait_rollout(self) -> None:
         for ds in (o for o in self.objects if o["kind"] == "DaemonSet"):
             meta = ds["metadata"]
-            self.wait_daemonset(meta["name"], meta.get("namespace", ""))
+            self.wait_daemonset(self.created_name(ds), meta.get("namespace", ""))
+
+    def created_name(self, obj: Obj) -> str:
+        """The name the server gave an object of the plan (a generated one included)."""
+        meta = obj.get("metadata", {})
+        if meta.get("name"):
+            return str(meta["name"])
+        for made in self.created:
+            if made.kind == obj["kind"] and made.name.startswith(meta.get("generateName", "")):
+                return made.name
+        raise RuntimeError(f"{describe(obj)} was not created by this run")
 
     def wait_daemonset(self, name: str, namespace: str) -> None:
         deadline = time.monotonic() + self.options.rollout_timeout
@@ -189,55 +294,76 @@ class Deployer:
             f"{self.options.rollout_timeout:g}s (last: {last})"
         )
 
+    def _delete(self, made: Created) -> None:
+        self.api().delete(made.api_version, made.kind, made.name, made.namespace, uid=made.uid)
+
     def delete_plugin(self) -> None:
         """What `apply` created (DaemonSets first), waited gone; namespaces stay for later."""
-        plugin = [o for o in self.created if o["kind"] != "Namespace"]
-        for obj in sorted(reversed(plugin), key=_daemonset_last):
-            meta = obj["metadata"]
-            self.api().delete(
-                obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace", "")
-            )
+        plugin = [o for o in self.created if o.kind != "Namespace"]
+        for made in sorted(reversed(plugin), key=_daemonset_last):
+            self._delete(made)
         self.wait_gone(plugin)
 
     def delete_all(self) -> None:
         """DaemonSets first (their pods stop before the namespace goes), then the rest."""
-        ordered = sorted(reversed(self.created), key=_daemonset_last)
-        for obj in ordered:
-            meta = obj["metadata"]
-            self.api().delete(
-                obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace", "")
-            )
+        for made in sorted(reversed(self.created), key=_daemonset_last):
+            self._delete(made)
         self.wait_gone()
 
-    def wait_gone(self, objects: list[Obj] | None = None) -> list[str]:
+    def _present(self, made: Created) -> bool:
+        """Still there as ours: the same name with the same UID."""
+        obj = self.api().get(made.api_version, made.kind, made.name, made.namespace)
+        return obj is not None and (obj.get("metadata") or {}).get("uid") == made.uid
+
+    def wait_gone(self, objects: list[Created] | None = None) -> list[str]:
         left = []
-        for obj in self.created if objects is None else objects:
-            meta = obj["metadata"]
-            if not self.api().wait_gone(
-                obj["apiVersion"],
-                obj["kind"],
-                meta["name"],
-                meta.get("namespace", ""),
-                self.options.delete_timeout,
-                self.options.poll_interval,
-            ):
-                left.append(describe(obj))
+        deadline = time.monotonic() + self.options.delete_timeout
+        for made in self.created if objects is None else objects:
+            while self._present(made):
+                if time.monotonic() >= deadline:
+                    left.append(made.describe())
+                    break
+                time.sleep(self.options.poll_interval)
         if left:
             raise RuntimeError(f"still present after {self.options.delete_timeout:g}s: {left}")
         return left
 
+    def labelled_left(self) -> list[str]:
+        """What still carries the run's label, listed across every kind the run created (and
+        the pods its workloads made): a cluster-wide list, or each of the run's namespaces
+        where the user may not list cluster-wide."""
+        if not self.created:
+            return []  # nothing made: no kind to list (and maybe no cluster to ask)
+        api = self.api()
+        selector = ",".join(f"{k}={v}" for k, v in sorted(api.stamp.items()))
+        if not selector:
+            return []
+        kinds = sorted({(m.api_version, m.kind) for m in self.created} | {("v1", "Pod")})
+        namespaces = sorted({m.name for m in self.created if m.kind == "Namespace"})
+        left: list[str] = []
+        for api_version, kind in kinds:
+            try:
+                found = api.list_objects(api_version, kind, labels=selector)
+            except ApiError as exc:
+                if exc.status != 403 or not api.resource(api_version, kind).namespaced:
+                    raise
+                found = [
+                    o
+                    for ns in namespaces
+                    for o in api.list_objects(api_version, kind, ns, labels=selector)
+                ]
+            left += [describe({**o, "kind": kind}) for o in found]
+        return left
+
     def verify(self, report: RunReport) -> None:
-        left = []
-        for obj in self.created:
-            meta = obj["metadata"]
-            if self.api().get(
-                obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace", "")
-            ):
-                left.append(describe(obj))
+        left = [m.describe() for m in self.created if self._present(m)]
+        labelled = self.labelled_left()
+        stamp = sorted(self.api().stamp.items()) if self.created else []
         report.verify(
             "objects deleted",
-            not left,
-            f"{len(self.created)} created, still present: {left or 'none'}",
+            not left and not labelled,
+            f"{len(self.created)} created, still present: {left or 'none'}; "
+            f"labelled {stamp} and left: {labelled or 'none'}",
         )
 
 

@@ -37,6 +37,7 @@ from conformance.targets.cluster.node import ClusterNode
 from conformance.targets.cluster.plan import ClusterOptions, Step
 from conformance.targets.cluster.run import (
     RESTORE,
+    STATE_MARK,
     ClusterLifecycle,
     cluster_options,
     open_cluster,
@@ -46,7 +47,12 @@ from conformance.targets.cluster.workloads import Layout, diagnostic_pod, prepar
 from plugin.api.names import HYPERVISOR_RESOURCE
 
 MANIFESTS_FILE = "manifests.yaml"  # the exact text applied, next to the cluster report
-STATE_GONE = f'[ ! -e {STATE_DIR} ] && [ ! -L {STATE_DIR} ] && echo gone || echo "present"'
+# gone, or there and never the run's (no mark: node-prepare refused it and left it as it was)
+STATE_GONE = (
+    f'if [ ! -e {STATE_DIR} ] && [ ! -L {STATE_DIR} ]; then echo gone; '
+    f'elif [ -L {STATE_DIR} ] || [ ! -f {STATE_MARK} ]; then echo "not the run\'s: left"; '
+    'else echo present; fi'
+)
 
 
 class MetadataCheck(Protocol):
@@ -266,7 +272,8 @@ class ExistingLifecycle(ClusterLifecycle):
     def _restore_node(self) -> None:
         self.node_sh(RESTORE)
         seen = self.access().run(["sh", "-c", STATE_GONE]).stdout.decode().strip()
-        self.report.verify("node state dir removed", seen == "gone", f"{STATE_DIR}: {seen}")
+        ok = seen in ("gone", "not the run's: left")
+        self.report.verify("node state dir removed", ok, f"{STATE_DIR}: {seen}")
 
 
 def reboot_step(node: str) -> Step:

@@ -9,6 +9,9 @@ API server behind (a recorded-contract server on 127.0.0.1), never the code abov
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import tempfile
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -19,6 +22,59 @@ from conformance.contract.deploy import CLUSTER_SCOPED
 Obj = dict[str, Any]
 
 _PLURAL_EXCEPTIONS = {"Endpoints": "endpoints"}
+# What a Kubernetes object name may be in a URL path segment (apimachinery's path-segment rule:
+# never ".", "..", nor "/" or "%"; at most 253 characters); anything else is refused before a
+# request exists, so no code path can turn a missing name into a collection path.
+_NAME = re.compile(r"^[A-Za-z0-9](?:[-A-Za-z0-9_.:]{0,251}[A-Za-z0-9])?$")
+
+
+class UnsafePath(ValueError):
+    """A request path that would name more than one object (an empty or relative name)."""
+
+
+@dataclass(frozen=True)
+class ResourceInfo:
+    """What the API server calls a kind: its plural, whether it lives in a namespace, and the
+    verbs it serves; `source` says who said so ("discovery" or "table": the built-in fallback
+    of a plan made before any cluster exists)."""
+
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool
+    verbs: tuple[str, ...] = ()
+    source: str = "table"
+
+    def collection(self, namespace: str = "") -> str:
+        """The collection (POST, list): never a DELETE target."""
+        base = (
+            f"/api/{self.api_version}"
+            if "/" not in self.api_version
+            else f"/apis/{self.api_version}"
+        )
+        if self.namespaced:
+            if not namespace:
+                return f"{base}/{self.plural}"  # every namespace: list only
+            base += f"/namespaces/{_segment(namespace)}"
+        return f"{base}/{self.plural}"
+
+    def item(self, name: str, namespace: str = "") -> str:
+        """One object's path; UnsafePath for a name that is not one object's."""
+        if self.namespaced and not namespace:
+            raise UnsafePath(f"{self.kind} {name!r:.80} is namespaced: no namespace given")
+        return f"{self.collection(namespace)}/{_segment(name)}"
+
+
+def _segment(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise UnsafePath(f"{name!r:.80} is not an object name (a request would name a collection)")
+    return urllib.parse.quote(name, safe="")
+
+
+def table_resource(api_version: str, kind: str) -> ResourceInfo:
+    """The built-in fallback (no server to ask): scope from CLUSTER_SCOPED, the plural by
+    English rule; a plan built from it says so, and a real run asks discovery instead."""
+    return ResourceInfo(api_version, kind, plural(kind), kind not in CLUSTER_SCOPED)
 
 
 class ApiError(Exception):
@@ -51,12 +107,12 @@ def plural(kind: str) -> str:
 
 
 def resource_path(api_version: str, kind: str, namespace: str = "", name: str = "") -> str:
-    """/api/v1/... for the core group, /apis/GROUP/VERSION/... otherwise."""
-    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
-    if namespace and kind not in CLUSTER_SCOPED:
-        base += f"/namespaces/{urllib.parse.quote(namespace, safe='')}"
-    base += f"/{plural(kind)}"
-    return base + (f"/{urllib.parse.quote(name, safe='')}" if name else "")
+    """A path from the built-in table (plans, well-known kinds): the collection without a name,
+    one object with one (UnsafePath for a name that is not one)."""
+    info = table_resource(api_version, kind)
+    if not info.namespaced:
+        namespace = ""
+    return info.item(name, namespace) if name else info.collection(namespace)
 
 
 def object_path(obj: Obj) -> str:
@@ -85,9 +141,77 @@ class KubeApi:
         self.client = client.ApiClient(configuration)
         self.timeout = request_timeout
         self.kubeconfig = kubeconfig
+        # Labels every object this client creates carries (the run's label: cleanup lists by it)
+        self.stamp: dict[str, str] = {}
+        self._resources: dict[tuple[str, str], ResourceInfo] = {}
+        self._discovery: Any = None
+        self._discovery_dir = ""
 
     def close(self) -> None:
+        if self._discovery_dir:
+            shutil.rmtree(self._discovery_dir, ignore_errors=True)
+            self._discovery_dir = ""
         self.client.close()  # type: ignore[no-untyped-call]
+
+    # -- discovery ------------------------------------------------------------------------
+
+    def resource(self, api_version: str, kind: str) -> ResourceInfo:
+        """The cluster's own word on a kind (the client's discovery, CRDs included): plural,
+        scope and verbs. ApiError 404 when the cluster serves no such kind."""
+        key = (api_version, kind)
+        if key not in self._resources:
+            self._resources[key] = self._discover(api_version, kind)
+        return self._resources[key]
+
+    def _discover(self, api_version: str, kind: str) -> ResourceInfo:
+        from kubernetes.dynamic import DynamicClient
+        from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
+
+        try:
+            if self._discovery is None:
+                # the client caches discovery in a file: one of ours, removed on close (its
+                # default is a shared file in /tmp that would outlive the run)
+                self._discovery_dir = tempfile.mkdtemp(prefix="hvconform-discovery-")
+                cache = f"{self._discovery_dir}/discovery.json"
+                self._discovery = DynamicClient(self.client, cache_file=cache)  # type: ignore[no-untyped-call]
+            found = self._discovery.resources.get(api_version=api_version, kind=kind)
+        except ResourceNotFoundError:
+            raise ApiError(
+                404, "NotFound", f"the cluster serves no {kind} in {api_version} (discovery)"
+            ) from None
+        except DynamicApiError as exc:
+            raise ApiError(int(exc.status or 0), str(exc.reason), str(exc.body or "")) from None
+        return ResourceInfo(
+            api_version,
+            kind,
+            str(found.name),
+            bool(found.namespaced),
+            tuple(str(v) for v in (found.verbs or ())),
+            "discovery",
+        )
+
+    def served(self) -> list[ResourceInfo]:
+        """Every top-level resource the cluster serves (preferred versions), for a cleanup that
+        must find the run's label on any kind."""
+        from kubernetes.dynamic.resource import ResourceList
+
+        self.resource("v1", "Namespace")  # the discovery client, made once
+        seen: dict[tuple[str, str], ResourceInfo] = {}
+        for found in self._discovery.resources.search():
+            if isinstance(found, ResourceList) or "/" in str(found.name):
+                continue  # the client's own *List kinds, and subresources (pods/log)
+            if not getattr(found, "preferred", False):
+                continue  # a kind's non-preferred versions: the preferred one lists it
+            info = ResourceInfo(
+                str(found.group_version),
+                str(found.kind),
+                str(found.name),
+                bool(found.namespaced),
+                tuple(str(v) for v in (found.verbs or ())),
+                "discovery",
+            )
+            seen.setdefault((info.api_version, info.kind), info)
+        return sorted(seen.values(), key=lambda i: (i.api_version, i.kind))
 
     # -- transport ------------------------------------------------------------------------
 
@@ -136,10 +260,20 @@ class KubeApi:
     # -- objects --------------------------------------------------------------------------
 
     def create(self, obj: Obj, *, dry_run: bool = False) -> Obj:
+        """POST the object (with this client's stamp labels); the server's reply, which names
+        what was really made (its name, generated or not, and its UID)."""
         meta = obj.get("metadata", {})
-        path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace", ""))
+        info = self.resource(obj["apiVersion"], obj["kind"])
+        ns = str(meta.get("namespace", "")) if info.namespaced else ""
+        if info.namespaced and not ns:
+            raise UnsafePath(f"{describe(obj)} is namespaced (discovery) and names no namespace")
         query = [("dryRun", "All")] if dry_run else []
-        return self._json("POST", path, query=query, body=obj)
+        body = obj
+        if self.stamp:
+            body = json.loads(json.dumps(obj))
+            labels = body.setdefault("metadata", {}).setdefault("labels", {})
+            labels.update(self.stamp)
+        return self._json("POST", info.collection(ns), query=query, body=body)
 
     def replace(self, obj: Obj) -> Obj:
         current = self.get(obj["apiVersion"], obj["kind"], obj["metadata"]["name"], _ns(obj))
@@ -147,11 +281,16 @@ class KubeApi:
             raise ApiError(404, "NotFound", f"{describe(obj)} is gone")
         body = json.loads(json.dumps(obj))
         body["metadata"]["resourceVersion"] = current["metadata"].get("resourceVersion", "")
-        return self._json("PUT", object_path(obj), body=body)
+        if self.stamp:
+            body["metadata"].setdefault("labels", {}).update(self.stamp)
+        info = self.resource(obj["apiVersion"], obj["kind"])
+        path = info.item(obj["metadata"]["name"], _ns(obj) if info.namespaced else "")
+        return self._json("PUT", path, body=body)
 
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> Obj | None:
+        info = self.resource(api_version, kind)
         try:
-            return self._json("GET", resource_path(api_version, kind, namespace, name))
+            return self._json("GET", info.item(name, namespace if info.namespaced else ""))
         except ApiError as exc:
             if exc.status == 404:
                 return None
@@ -166,10 +305,11 @@ class KubeApi:
         labels: str = "",
         fields: str = "",
     ) -> list[Obj]:
+        """Objects of a kind (in `namespace`, or every namespace without one)."""
+        info = self.resource(api_version, kind)
         query = [(k, v) for k, v in (("labelSelector", labels), ("fieldSelector", fields)) if v]
-        items: list[Obj] = self._json(
-            "GET", resource_path(api_version, kind, namespace), query=query
-        ).get("items", [])
+        path = info.collection(namespace if info.namespaced else "")
+        items: list[Obj] = self._json("GET", path, query=query).get("items", [])
         return items
 
     def delete(
@@ -180,16 +320,29 @@ class KubeApi:
         namespace: str = "",
         *,
         grace: int | None = None,
+        uid: str = "",
     ) -> bool:
-        """Delete (foreground for owners); False when it was already gone."""
+        """Delete one object by name (foreground for owners), only while it still has `uid`
+        when given (a precondition the server checks: an object re-made under the same name by
+        someone else is never ours to delete); False when it was already gone."""
+        info = self.resource(api_version, kind)
+        path = info.item(name, namespace if info.namespaced else "")  # UnsafePath: no request
+        options: Obj = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        options["propagationPolicy"] = "Foreground"
+        if grace is not None:
+            options["gracePeriodSeconds"] = grace
+        if uid:
+            options["preconditions"] = {"uid": uid}
         query = [("propagationPolicy", "Foreground")]
         if grace is not None:
             query.append(("gracePeriodSeconds", str(grace)))
         try:
-            self.request("DELETE", resource_path(api_version, kind, namespace, name), query=query)
+            self.request("DELETE", path, query=query, body=options)
         except ApiError as exc:
             if exc.status == 404:
                 return False
+            if exc.status == 409 and uid:
+                return False  # the precondition failed: that name is someone else's object now
             raise
         return True
 

@@ -13,12 +13,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.deploy import Pods
+from conformance.contract.deploy import Pods, table_namespaced
 from conformance.contract.errors import Unhonoured
 from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.plugin import resolve as resolve_plugin
 from conformance.contract.results import NotApplicable
 from conformance.contract.runcontext import RunContext
+from conformance.manifests.blast import SUITE_OBJECTS, Gated, Refused, gate
 from conformance.manifests.profile import Rendered, render_deploy
 from conformance.targets.cluster.access import (
     EMPTY_SOCKETS,
@@ -27,24 +28,37 @@ from conformance.targets.cluster.access import (
     CommandRunner,
     NodeAccess,
 )
-from conformance.targets.cluster.deploy import Deployer, deploy_steps
+from conformance.targets.cluster.deploy import TABLE_NOTE, Deployer, deploy_steps
 from conformance.targets.cluster.dra_node import ClusterDraNode
 from conformance.targets.cluster.kube import KubeApi, Obj
 from conformance.targets.cluster.lifecycle import Action, CleanupIncomplete, Runbook, RunReport
 from conformance.targets.cluster.node import ClusterNode
 from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
 from conformance.targets.cluster.preflight import cluster_facts, record_feature_gates
-from conformance.targets.cluster.workloads import Layout, namespace, plugin_daemonset, prepare
+from conformance.targets.cluster.workloads import (
+    MANAGED,
+    RUN_ID_LABEL,
+    Layout,
+    namespace,
+    plugin_daemonset,
+    prepare,
+)
 
 ApiFactory = Callable[[str], KubeApi]
 
 DETECT = 'for d in /dev/kvm /dev/mshv; do [ -c "$d" ] && echo "$d"; done; exit 0'
+# The node's state dir is the run's only when the run made it: made with a mark, refused when it
+# exists without one (someone else's, or a symlink), removed only while the mark is there.
+STATE_MARK = f"{STATE_DIR}/.made-by-hvconform"
 PREPARE = (
     'set -eu; [ -c "$1" ] || { echo "$1 is not a character device" >&2; exit 4; }; '
+    f'if [ -L {STATE_DIR} ] || {{ [ -e {STATE_DIR} ] && [ ! -f {STATE_MARK} ]; }}; then '
+    f'echo "{STATE_DIR} exists and is not the suite\'s: left as it is" >&2; exit 5; fi; '
+    f'mkdir -p {STATE_DIR}; : > {STATE_MARK}; '
     f'mkdir -p {HOST_VIEW} {EMPTY_SOCKETS}; rm -f "{HOST_VIEW}/$2"; '
     f'mknod -m 0600 "{HOST_VIEW}/$2" c $((0x$(stat -c %t "$1"))) $((0x$(stat -c %T "$1")))'
 )
-RESTORE = f"rm -rf {STATE_DIR}"
+RESTORE = f"if [ ! -L {STATE_DIR} ] && [ -f {STATE_MARK} ]; then rm -rf {STATE_DIR}; fi"
 
 
 def cluster_options(ctx: RunContext, target: str) -> ClusterOptions:
@@ -59,15 +73,36 @@ def values_key(options: ClusterOptions) -> str:
     return options.target + ("-mshv" if options.hypervisor == "mshv" else "")
 
 
-def render_objects(options: ClusterOptions, plugin: PluginUnderTest) -> Rendered:
-    """The objects the plugin's profile deploys, for this run's target, namespace and image."""
+def render_objects(options: ClusterOptions, plugin: PluginUnderTest) -> tuple[Rendered, Gated]:
+    """The objects the plugin's profile deploys, for this run's target, namespace and image,
+    through the blast-radius gate (Unhonoured, one line, for an object wider than the user
+    allowed: nothing is created)."""
     if plugin.deploy is None:
         raise Unhonoured(
             f"deploy: the profile of {plugin.name!r} ({plugin.source}) has no deploy section; "
             f"the {options.target} target runs a plugin from its image and its objects"
         )
-    return render_deploy(
+    rendered = render_deploy(
         plugin.deploy, values_key(options), namespace=options.plugin_namespace, image=options.image
+    )
+    try:
+        gated = gate(
+            rendered.objects,
+            namespace=options.plugin_namespace,
+            allowed=options.allow_objects,
+            namespaced=table_namespaced,
+        )
+    except Refused as exc:
+        raise Unhonoured(f"{plugin.name}: {exc}") from None
+    return rendered, gated
+
+
+def cleanup_hint(options: ClusterOptions, kubeconfig: str) -> str:
+    """How to remove what a killed run left on the cluster: every object carries its label."""
+    context = f" --context {shlex.quote(options.context)}" if options.context else ""
+    return (
+        f"hvconform cleanup --kubeconfig {shlex.quote(kubeconfig)}{context} "
+        f"--run-id {options.run_label}"
     )
 
 
@@ -91,14 +126,19 @@ class ClusterLifecycle:
         self.plugin = plugin or resolve_plugin()
         self.pods: Pods | None = None if self.plugin.deploy is None else self.plugin.deploy.pods
         self.deploy_notes: list[str] = []
+        self.cluster_scoped: list[str] = []
+        self.opted_in: list[str] = []
+        self.namespace_labels: dict[str, str] = {}
         self.workdir = Path(options.workdir)
         self.kubeconfig = str(self.workdir / f"kubeconfig-{self.name}-{options.short_id}")
         self.runner = runner or CommandRunner(self.workdir / "commands.log")
         self.api_factory = api_factory or KubeApi
         self.report = report or RunReport(self.name, options.contract)
         if objects is None:
-            made = render_objects(options, self.plugin)
-            objects, self.deploy_notes = made.objects, made.notes
+            made, gated = render_objects(options, self.plugin)
+            objects, self.deploy_notes = gated.objects, [*made.notes, *gated.notes]
+            self.cluster_scoped, self.opted_in = gated.cluster_scoped, gated.opted_in
+            self.namespace_labels = gated.namespace_labels
         else:
             self.pods = None  # objects given by the caller: found as before (tests, recordings)
         self.rendered: list[Obj] = list(objects)
@@ -107,7 +147,9 @@ class ClusterLifecycle:
             o["kind"] == "Namespace" and o["metadata"]["name"] == options.plugin_namespace
             for o in rendered
         ):
-            rendered.insert(0, namespace(options.plugin_namespace))
+            own = namespace(options.plugin_namespace)
+            own["metadata"]["labels"].update(self.namespace_labels)
+            rendered.insert(0, own)
         extra_ns = [namespace(options.work_namespace, restricted=True), *self.extra_namespaces()]
         prepared, self.layout = self.prepare(rendered)
         self.objects: list[Obj] = [*prepared[:1], *extra_ns, *prepared[1:]]
@@ -166,6 +208,7 @@ class ClusterLifecycle:
     def api(self) -> KubeApi:
         if self._api is None:
             self._api = self.api_factory(self.kubeconfig)
+            self._api.stamp = {RUN_ID_LABEL: self.options.run_label, **MANAGED}
         return self._api
 
     def close_api(self) -> None:
@@ -260,10 +303,18 @@ class ClusterLifecycle:
 
 def plan_of(lifecycle: ClusterLifecycle, title: str) -> str:
     """The dry-run plan of a lifecycle: who is under test, the documented overrides made to its
-    objects, then every step."""
+    objects, the cluster-wide objects it brings and those the user opted in, the suite's own
+    objects, how a killed run is cleaned up, then every step."""
     plugin = lifecycle.plugin
     head = [f"# plugin under test: {plugin.name} ({plugin.source})"]
     head += [f"# {note}" for note in lifecycle.deploy_notes]
+    scoped = ", ".join(lifecycle.cluster_scoped) or "none"
+    head.append(f"# cluster-scoped objects of the profile: {scoped}")
+    head += [f"# opted in (--allow-object): {line}" for line in lifecycle.opted_in]
+    head += [f"# the suite's own: {line}" for line in SUITE_OBJECTS]
+    head.append(f"# every object created is labelled {RUN_ID_LABEL}={lifecycle.options.run_label}")
+    head.append(f"# if the run is killed: {cleanup_hint(lifecycle.options, lifecycle.kubeconfig)}")
+    head.append(f"# {TABLE_NOTE}")
     text = render_plan(lifecycle.steps(), title)
     first, _, rest = text.partition("\n")
     return "\n".join([first, *head, rest])
@@ -278,6 +329,13 @@ def open_cluster(lifecycle: ClusterLifecycle, *, out_dir: Path) -> Iterator[Clus
     """Set the cluster up, yield its node, clean up always; the report goes to out_dir."""
     report_path = out_dir / f"cluster-{lifecycle.options.target}.json"
     body_failed = False
+    hint = cleanup_hint(lifecycle.options, lifecycle.kubeconfig)
+    report = lifecycle.report
+    report.environment["run_label"] = {RUN_ID_LABEL: lifecycle.options.run_label}
+    report.environment["opted_in"] = list(lifecycle.opted_in)
+    report.environment["cluster_scoped_objects"] = list(lifecycle.cluster_scoped)
+    report.notes.append(f"if this run did not finish, remove what it left with: {hint}")
+    report.write(report_path)  # on disk before anything exists: a killed run's says how
     try:
         with lifecycle.runbook().running():
             assert lifecycle.node is not None
@@ -293,4 +351,4 @@ def open_cluster(lifecycle: ClusterLifecycle, *, out_dir: Path) -> Iterator[Clus
         lifecycle.close_api()
         lifecycle.report.write(report_path)
     if not lifecycle.report.cleanup_ok and not body_failed:
-        raise CleanupIncomplete(f"cluster cleanup incomplete: see {report_path}")
+        raise CleanupIncomplete(f"cluster cleanup incomplete: see {report_path}; then: {hint}")

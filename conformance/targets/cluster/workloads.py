@@ -23,6 +23,9 @@ ACCESS_RESOURCE = DEVICE_ACCESS_RESOURCE
 RUN_LABEL = "hyperlight.dev/conformance-run"
 TAINT_KEY = "hyperlight.dev/conformance"
 MANAGED = {"app.kubernetes.io/managed-by": "hvconform"}
+# Every object a run creates carries it (value: ClusterOptions.run_label): what cleanup of a
+# killed run (`hvconform cleanup --run-id`) and the run's own verification list by.
+RUN_ID_LABEL = "hvconform/run-id"
 DEVICE_PLUGINS_DIR = DEVICE_PLUGIN_DIR
 STATE_MOUNT = "/state"
 GUEST_MODULE = ["python3", "-m", "conformance.guest"]  # the debootstrap base has no `python`

@@ -10,8 +10,19 @@ raises IndexInUseError and touches nothing of the other owner's. Namespace names
 the creating pid too (the sandbox uses `hvsbx<i>-<pid>`).
 
 /run/netns is made a shared mount point by pyroute2 (as `ip netns add` does) and is shared by
-every namespace user. When this module creates it, it marks it with an xattr and records it; any
-NetNamespace that finds it empty and marked at close removes it, so the last user cleans up.
+every namespace user. What this module makes of it is marked with xattrs (the directory; the
+mount, when the directory was there but not a mount point) and recorded; what it did not make
+is never removed nor unmounted: a /run/netns (dir or mount) that existed before is left exactly
+as it was.
+
+Who removes what it made: in a run (hvconform's pytest session) the run itself, never a worker.
+The controller, which verifies the run's cleanup, is the run-level owner (RunOwner): its id goes
+to every pytest-xdist worker (OWNER_ENV); a worker making or finding an hvconform /run/netns
+registers that id on it (xattr, under the /run lock) and only uses it; the owner releases it
+once every worker has ended, in whatever order they ended (a worker's namespace left by a crash
+is removed then). A /run/netns that another live run has registered stays for that run's owner.
+Without an owner (a process on its own, a unit test) the last NetNamespace to close removes it,
+unless a live run has it registered.
 """
 
 from __future__ import annotations
@@ -21,18 +32,29 @@ import ctypes
 import errno
 import fcntl
 import os
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 
 from pyroute2 import IPRoute, NetlinkError, netns
 
-from conformance.contract.ledger import Ledger
+from conformance.contract.ledger import (
+    SHARED_OWNERS_XATTR,
+    Entry,
+    Ledger,
+    live_shared_owners,
+    process_ident,
+)
 
 RUN_DIR = Path("/run/netns")
-_MARK = "user.hv_conformance"
+_MARK = "user.hv_conformance"  # on /run/netns: the directory is hvconform's
+_MOUNT_MARK = "user.hv_conformance.mount"  # the mount at /run/netns is hvconform's
 MAX_INDEX = 255
-SHARED = "shared; removed by the last user"  # ledger detail of /run/netns entries
+SHARED = "shared; removed by the last user"  # ledger detail of /run/netns entries, no owner
+SHARED_RUN = "shared; released by the run's owner"  # ... made under a run-level owner
+OWNER_ENV = "HV_NETNS_OWNER"  # the run-level owner's process ident (pid:start), for the workers
+RELEASE_TIMEOUT_S = 10.0  # how long the owner retries an unmount that is busy
 
 
 class NetnsError(RuntimeError):
@@ -99,32 +121,134 @@ def run_dir_shared() -> bool:
     return RUN_DIR.is_dir() and any(RUN_DIR.iterdir())
 
 
-def release_run_dir() -> bool:
-    """Remove /run/netns when empty and made by this module; True when it is gone."""
-    with _run_dir_lock():
-        return _release_run_dir()
+def run_owner() -> str:
+    """The run-level owner this process works for ('' for none: it cleans up itself)."""
+    return os.environ.get(OWNER_ENV, "")
 
 
-def _release_run_dir() -> bool:
-    if not RUN_DIR.exists():
-        return True
+def _has(name: str) -> bool:
     try:
-        os.getxattr(RUN_DIR, _MARK)
+        os.getxattr(RUN_DIR, name)
     except OSError:
-        return False  # not ours to remove (or xattrs unsupported)
-    if any(RUN_DIR.iterdir()):
-        return False
-    for _ in range(8):  # mounts may be stacked
+        return False  # absent (or xattrs unsupported: then nothing is ours either)
+    return True
+
+
+def _set_owners(owners: list[str]) -> None:
+    if owners:
+        os.setxattr(RUN_DIR, SHARED_OWNERS_XATTR, " ".join(owners).encode())
+    elif _has(SHARED_OWNERS_XATTR):
+        os.removexattr(RUN_DIR, SHARED_OWNERS_XATTR)
+
+
+def _prepare_run_dir(ledger: Ledger) -> None:
+    """Under the lock: /run/netns made (marked, recorded) where missing, and this process's
+    run-level owner registered on what of it is hvconform's."""
+    owner = run_owner()
+    detail = SHARED_RUN if owner else SHARED
+    if not RUN_DIR.exists():
+        ledger.record("dir", str(RUN_DIR), detail)
+        RUN_DIR.mkdir(mode=0o755)
+        os.setxattr(RUN_DIR, _MARK, b"1")
+    if not is_mount_point(RUN_DIR):  # pyroute2 binds it onto itself: that mount is ours
+        ledger.record("mount", str(RUN_DIR), detail)
+        os.setxattr(RUN_DIR, _MOUNT_MARK, b"1")
+    if owner and (_has(_MARK) or _has(_MOUNT_MARK)):
+        owners = live_shared_owners(RUN_DIR)
+        if owner not in owners:
+            _set_owners([*owners, owner])
+
+
+def add_namespace(name: str, ledger: Ledger) -> None:
+    """Create the named network namespace /run/netns/NAME (recorded), /run/netns with it when
+    missing. Serialised with every release (the /run lock)."""
+    with _run_dir_lock():
+        _prepare_run_dir(ledger)
+        ledger.record("netns", name)
+        netns.create(name)
+
+
+def remove_namespace(name: str) -> None:
+    """Remove /run/netns/NAME; without a run-level owner, /run/netns too when it is the last
+    user (with one, the owner releases it after the run)."""
+    if os.path.lexists(RUN_DIR / name):
+        netns.remove(name)
+    if not run_owner():
+        release_run_dir()
+
+
+def release_run_dir(owner: str = "") -> bool:
+    """What hvconform made of /run/netns removed when nobody uses it: unregister `owner`; if no
+    live owner is left and no namespace is inside, unmount the mount it made and remove the
+    directory it made (a pre-existing directory keeps everything but our marks). True when
+    /run/netns is as it was before hvconform, or stays because someone else still uses it."""
+    with _run_dir_lock():
+        return _release_run_dir(owner) != "busy"
+
+
+def _release_run_dir(owner: str) -> str:
+    """'released', 'in use', 'not ours' or 'busy' (an unmount refused: retried by the owner)."""
+    if not RUN_DIR.exists():
+        return "released"
+    made_dir, made_mount = _has(_MARK), _has(_MOUNT_MARK)
+    if not (made_dir or made_mount):
+        return "not ours"
+    owners = live_shared_owners(RUN_DIR)
+    _set_owners([o for o in owners if o != owner])  # the dead ones dropped too
+    if [o for o in owners if o != owner] or any(RUN_DIR.iterdir()):
+        return "in use"
+    for _ in range(8):  # mounts may be stacked (a pre-existing directory: only ours above it)
         if not is_mount_point(RUN_DIR):
             break
         if _umount(RUN_DIR) != 0:
-            return False
+            return "busy"
+    if not made_dir:  # the directory was there before: it keeps its place, minus our mark
+        with contextlib.suppress(OSError):
+            os.removexattr(RUN_DIR, _MOUNT_MARK)
+        return "released"
     try:
         RUN_DIR.rmdir()
     except OSError as exc:
         if exc.errno not in (errno.ENOTEMPTY, errno.EBUSY, errno.ENOENT):
             raise
-    return not RUN_DIR.exists()
+    return "released" if not RUN_DIR.exists() else "busy"
+
+
+class RunOwner:
+    """The run-level owner of /run/netns: the process that outlives every worker of the run and
+    verifies its cleanup (the pytest controller, or the single pytest process).
+
+    `start()` before any worker starts: its id is exported to them (OWNER_ENV), so what a worker
+    makes of /run/netns is registered under the run, not under the worker. `release(entries)`
+    once every worker has ended: the namespaces the run's ledger lists that are still there (a
+    worker that crashed before closing them) are removed, then /run/netns as release_run_dir
+    says, an unmount that is busy retried until RELEASE_TIMEOUT_S. Returns what was left."""
+
+    def __init__(self) -> None:
+        self.ident = process_ident(os.getpid())
+
+    def start(self) -> None:
+        os.environ[OWNER_ENV] = self.ident
+
+    def release(self, entries: Iterable[Entry], timeout_s: float = RELEASE_TIMEOUT_S) -> list[str]:
+        if os.environ.get(OWNER_ENV) == self.ident:
+            del os.environ[OWNER_ENV]
+        left = []
+        for entry in entries:
+            if entry.kind == "netns" and os.path.lexists(RUN_DIR / entry.ident):
+                try:
+                    netns.remove(entry.ident)
+                except OSError as exc:
+                    left.append(f"netns {entry.ident}: {exc.strerror}")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with _run_dir_lock():
+                outcome = _release_run_dir(self.ident)
+            if outcome != "busy":
+                return left
+            if time.monotonic() >= deadline:
+                return [*left, f"mount {RUN_DIR}: busy for {timeout_s:g}s"]
+            time.sleep(0.05)  # polling a condition with a deadline: the unmount succeeding
 
 
 class NetNamespace:
@@ -154,15 +278,7 @@ class NetNamespace:
             raise
 
     def _create(self) -> None:
-        with _run_dir_lock():
-            if not RUN_DIR.exists():
-                self.ledger.record("dir", str(RUN_DIR), SHARED)
-                RUN_DIR.mkdir(mode=0o755)
-                os.setxattr(RUN_DIR, _MARK, b"1")
-            if not is_mount_point(RUN_DIR):
-                self.ledger.record("mount", str(RUN_DIR), SHARED)
-            self.ledger.record("netns", self.name)
-            netns.create(self.name)
+        add_namespace(self.name, self.ledger)
         with IPRoute() as ipr:
             try:
                 ipr.link(
@@ -220,12 +336,10 @@ class NetNamespace:
                     ipr.link("del", ifname=self.host_link)  # takes the peer with it
             except NetlinkError as exc:
                 errors.append(f"delete {self.host_link}: {exc}")
-        if os.path.lexists(self.path):
-            try:
-                netns.remove(self.name)
-            except OSError as exc:
-                errors.append(f"remove netns {self.name}: {exc}")
-        release_run_dir()
+        try:
+            remove_namespace(self.name)
+        except OSError as exc:
+            errors.append(f"remove netns {self.name}: {exc}")
         left = self.leftovers()
         self._closed = not left
         if errors or left:

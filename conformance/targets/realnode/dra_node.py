@@ -14,12 +14,15 @@ Workload pods are scheduled (the scheduler allocates their claims). The catalogu
 observations mean here what conformance.contract.dra says; the driver's registration socket is
 the one in the kubelet's plugins_registry whose GetInfo names its driver (any name). Everything
 made is deleted at the end: the DeviceClass, the RBAC objects, the driver's ResourceSlices on
-this node, its plugin dir.
+this node, and of the host's directories only what the run made: the driver's plugin dir when
+the run made it (written in the ledger), else only the entries that appeared in it during the
+run (a dir that existed before, another driver's files in it included, stays as it was).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import time
@@ -28,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import yaml
 
 from conformance.contract.dra import (
     CAP_DRA,
@@ -45,6 +47,9 @@ from conformance.contract.dra import (
     slice_view,
     unprepare_failed,
 )
+from conformance.contract.dra_profile import load_device_class
+from conformance.contract.errors import ProfileError
+from conformance.contract.ledger import make_dirs, remove_made_dirs
 from conformance.contract.node import PodView
 from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.results import EnvironmentBlocked
@@ -84,6 +89,32 @@ def _rbac() -> list[tuple[str, dict[str, Any]]]:
     return [(f"{RBAC}/clusterroles", role), (f"{RBAC}/clusterrolebindings", binding)]
 
 
+def _entries(directory: Path) -> frozenset[str]:
+    return frozenset(entry.name for entry in directory.iterdir())
+
+
+def _remove_new(directory: Path, before: frozenset[str]) -> list[str]:
+    """Remove what appeared in `directory` since `before` (the driver's sockets, made during the
+    run); a name that was there before stays, whatever it is now. Never through a mount."""
+    left = []
+    now = _entries(directory) if directory.is_dir() else frozenset()
+    for name in sorted(now - before):
+        path = directory / name
+        if stack.mounts_under((path,)):
+            left.append(f"{path}: a mount inside")
+            continue
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            left.append(f"{path}: {exc.strerror}")
+    return left
+
+
 class RealDraNode(SliceCounts, RealNode):
     def __init__(self, *, out_dir: Path, worker: str, plugin: PluginUnderTest) -> None:
         super().__init__(out_dir=out_dir, worker=worker, plugin=plugin)
@@ -97,31 +128,60 @@ class RealDraNode(SliceCounts, RealNode):
         self._endpoint_dir = Path(self.dra.endpoint_dir)
         self._stopped_wall = 0.0  # when stop_kubelet stopped it (its new socket is newer)
         self._socket_removed = False  # the restore checks the driver registered again
+        # What the plugin dir held before the run when it existed already (the run removes
+        # only what appeared since); None when the run made it (the ledger says so) or not yet.
+        self._endpoint_before: frozenset[str] | None = None
 
     # -- around the plugin ----------------------------------------------------------------
 
     def _before_plugin(self) -> None:
-        if not self._endpoint_dir.is_relative_to(KUBELET_ROOT / "plugins"):
+        plugins = KUBELET_ROOT / "plugins"
+        if self._endpoint_dir == plugins or not self._endpoint_dir.is_relative_to(plugins):
             raise EnvironmentBlocked(
                 f"dra.pluginDir {self._endpoint_dir}: the kubelet here dials driver endpoints "
-                f"below {KUBELET_ROOT / 'plugins'} (its own path, as a hostPath gives it)"
+                f"in a driver's own dir below {plugins} (its own path, as a hostPath gives it)"
             )
+        klass = self._device_class()  # first: a manifest changed since the load blocks the run
         ensure_client(PKI, DRIVER_USER, f"/O={DRIVER_USER}/CN={DRIVER_USER}")
         for path, body in _rbac():
             self._make(path, body)
-        self._make(f"{RESOURCE}/deviceclasses", self._device_class())
-        self._registry.mkdir(parents=True, exist_ok=True)
-        if not self._endpoint_dir.exists():
-            self.ledger.record("dir", str(self._endpoint_dir), "the DRA driver's plugin dir")
-            self._endpoint_dir.mkdir(parents=True)
+        self._make(f"/apis/{klass['apiVersion']}/deviceclasses", klass)
+        self._prepare_dirs()
+
+    def _prepare_dirs(self) -> None:
+        """The registry and plugin dirs: made (each one written in the ledger) where missing;
+        an existing plugin dir is used as it is, what it holds noted first."""
+        make_dirs(self.ledger, self._registry, "the kubelet's plugin watcher dir")
+        if os.path.lexists(self._endpoint_dir):
+            if self._endpoint_dir.is_symlink() or not self._endpoint_dir.is_dir():
+                raise EnvironmentBlocked(
+                    f"dra.pluginDir {self._endpoint_dir}: exists and is not a directory"
+                )
+            self._endpoint_before = _entries(self._endpoint_dir)
+        else:
+            make_dirs(self.ledger, self._endpoint_dir, "the DRA driver's plugin dir")
 
     def _after_plugin(self) -> None:
-        self._delete_slices()
-        for path in reversed(self._made):
-            with contextlib.suppress(ApiError):
-                self._api().request("DELETE", path)
-        self._made.clear()
-        shutil.rmtree(self._endpoint_dir, ignore_errors=True)
+        try:
+            self._delete_slices()
+            for path in reversed(self._made):
+                with contextlib.suppress(ApiError):
+                    self._api().request("DELETE", path)
+            self._made.clear()
+        finally:
+            left = self._release_dirs()
+        assert not left, "; ".join(left)
+
+    def _release_dirs(self) -> list[str]:
+        """Only what the run made: its plugin dir (ledger), or what appeared in one that existed
+        before the run; the registry dir when the run made it (the kubelet's, normally)."""
+        if self._endpoint_before is not None:
+            left = _remove_new(self._endpoint_dir, self._endpoint_before)
+        else:
+            left = remove_made_dirs(self.ledger, self._endpoint_dir, tree=True)
+        # the kubelet's registry once empty; while it holds a socket the ledger's check names it
+        remove_made_dirs(self.ledger, self._registry, tree=False)
+        return left
 
     def _make(self, collection: str, body: dict[str, Any]) -> None:
         path = f"{collection}/{body['metadata']['name']}"
@@ -132,12 +192,12 @@ class RealDraNode(SliceCounts, RealNode):
 
     def _device_class(self) -> dict[str, Any]:
         if self.dra.device_class:
-            docs = [d for d in yaml.safe_load_all(Path(self.dra.device_class).read_text()) if d]
-            klass = [d for d in docs if d.get("kind") == "DeviceClass"]
-            if len(klass) != 1:
-                raise EnvironmentBlocked(f"dra.deviceClass {self.dra.device_class}: want one "
-                                         "DeviceClass")  # fmt: skip
-            return dict(klass[0])
+            try:  # read again as at the load: the same rules, whatever the file is now
+                return load_device_class(
+                    self.dra.device_class, "dra.deviceClass", self.dra.extended_resource
+                )
+            except ProfileError as exc:
+                raise EnvironmentBlocked(str(exc)) from None
         return {"apiVersion": RESOURCE_API, "kind": "DeviceClass",
                 "metadata": {"name": self.dra.driver},
                 "spec": {"selectors": [{"cel": {

@@ -112,9 +112,12 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
         self.host_metadata_at_start = device_metadata("/dev/kvm")
         running = procs.recorded("kubelet")
         if running is None or not running.alive:
+            if refused := stack.roots_refused():  # a kubelet root of someone else's: left alone
+                raise EnvironmentBlocked(f"the node target's own kubelet: {refused}")
             self._own_stack = True
             for root in stack.ROOTS:
-                self.ledger.record("dir", str(root), f"real node {NODE_NAME} (stack of this run)")
+                if not root.exists():  # only what this run makes is its to remove
+                    self.ledger.record("dir", str(root), f"real node {NODE_NAME} (this run's)")
             stack.up()
         self.api = Api(PKI)
         self._record_feature_gates()

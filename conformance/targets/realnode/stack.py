@@ -7,6 +7,11 @@ server) -> optionally a plugin from its profile (`--plugin [PROFILE]`, the shipp
 default; see sandboxed.start_in_host_network). No CNI: workloads are host-network pods.
 down: everything in reverse, by recorded pid; pod sandboxes removed through CRI; then mounts,
 directories, the kubelet's cgroups and log dirs; finally `verify_down` lists anything left.
+
+The roots (its state, run dir and /var/lib/kubelet) are taken whole and removed whole, so up
+marks each one it makes (ROOT_MARK) and refuses one that exists unmarked: a /var/lib/kubelet
+that was there before (another kubelet's, with its pods' volumes mounted below) is never used,
+unmounted or removed. A stack of a node-up from before the marks is recognised as its own.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from conformance.targets.realnode.pki import kubeconfig, make_pki
 PLUGIN_HEALTH = "127.0.0.1:18080"
 LOG_DIRS = (Path("/var/log/pods"), Path("/var/log/containers"))
 ROOTS = (RUN, STATE, KUBELET_ROOT)
+ROOT_MARK = ".hv-node-root"  # in each root node-up made: node-down removes only a marked root
 ORDER = ("plugin", "kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
 
 
@@ -67,6 +73,39 @@ def _wait(pred: object, timeout_s: float, what: str, proc: procs.Proc | None = N
             tail = procs.log_tail(proc.name) if proc else ""
             raise RuntimeError(f"timed out after {timeout_s:g}s waiting for {what}\n{tail}")
         time.sleep(0.2)
+
+
+def _marked(root: Path) -> bool:
+    return not root.is_symlink() and (root / ROOT_MARK).is_file()
+
+
+def _legacy() -> bool:
+    """The state of a node-up from before the marks: every root was its own."""
+    return (RUN / "log-dirs-made").exists() and not _marked(RUN)
+
+
+def roots_refused() -> str:
+    """'' when node-up may take every root (absent, or made by node-up); else why not."""
+    foreign = [r for r in ROOTS if os.path.lexists(r) and not (_marked(r) or _legacy())]
+    return "" if not foreign else (
+        f"{foreign[0]} exists and node-up did not make it (another kubelet's?): the node stack "
+        "takes it whole and node-down removes it, so it is left alone; move it away or use a "
+        "machine without one"
+    )  # fmt: skip
+
+
+def own_roots() -> tuple[Path, ...]:
+    """The roots node-down may unmount below and remove: the ones node-up made."""
+    legacy = _legacy()
+    return tuple(root for root in ROOTS if legacy or _marked(root))
+
+
+def _make_roots() -> None:
+    if why := roots_refused():
+        raise RuntimeError(why)
+    for root in ROOTS:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / ROOT_MARK).write_text("made by node-up: node-down removes this directory\n")
 
 
 def _http_ok(url: str) -> bool:
@@ -214,8 +253,7 @@ def up(*, standalone: bool = False) -> Api | None:
     if alive:
         raise RuntimeError(f"node already up ({', '.join(alive)} running): run node-down first")
     with_api = not standalone and (BIN / "kube-apiserver").exists() and (BIN / "etcd").exists()
-    for root in ROOTS:
-        root.mkdir(parents=True, exist_ok=True)
+    _make_roots()
     (RUN / "log-dirs-made").write_text("\n".join(str(d) for d in LOG_DIRS if not d.exists()) + "\n")
     _mount_tmpfs(CDI_DIR, "4m")
     _mount_tmpfs(HOST_DEV, "1m")
@@ -238,8 +276,7 @@ def up_nodes(count: int) -> Api:
     alive = [n for n in (*ORDER, "containerd") if (p := procs.recorded(n)) and p.alive]
     if alive or nodes.recorded_nodes():
         raise RuntimeError("node already up: run node-down first")
-    for root in ROOTS:
-        root.mkdir(parents=True, exist_ok=True)
+    _make_roots()
     (RUN / "log-dirs-made").write_text("\n".join(str(d) for d in LOG_DIRS if not d.exists()) + "\n")
     nodes.NODES_RUN.mkdir(parents=True, exist_ok=True)
     nodes.prepare_host()
@@ -264,6 +301,7 @@ def mounts_under(roots: tuple[Path, ...]) -> list[str]:
 
 def down() -> list[str]:
     """Stop and remove everything node-up made; returns what could not be removed."""
+    roots = own_roots()  # first: RUN holds the marks of the legacy check
     nodes.stop_nodes()  # cluster-mode nodes first: each removes its own pods
     for name in ORDER[:2]:
         if (p := procs.recorded(name)) is not None:
@@ -278,28 +316,31 @@ def down() -> list[str]:
     for name in ORDER[2:]:
         if (p := procs.recorded(name)) is not None:
             p.stop()
-    for point in sorted(mounts_under(ROOTS), key=len, reverse=True):
+    for point in sorted(mounts_under(roots), key=len, reverse=True):
         if subprocess.run(["umount", point], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", point], capture_output=True)
     made = (RUN / "log-dirs-made").read_text().split() if (RUN / "log-dirs-made").exists() else []
     for d in made:
         shutil.rmtree(d, ignore_errors=True)
     nodes.remove_host_leftovers()
-    problems = [why for root in ROOTS if (why := hostclean.remove_root(root))]
+    # RUN last: it holds the marks
+    problems = [why for root in reversed(roots) if (why := hostclean.remove_root(root))]
     for cg in hostclean.kubepods_cgroups():
         with contextlib.suppress(OSError):
             hostclean.rm_cgroup(cg)
     hostclean.remove_iptables_leftovers()
     # with what stopped a root's removal (a CI run once saw "directory /var/lib/kubelet" only)
-    return verify_down() + problems
+    return verify_down(roots) + problems
 
 
-def verify_down() -> list[str]:
+def verify_down(roots: tuple[Path, ...] | None = None) -> list[str]:
+    """What is left of a stack; `roots`: the ones node-up made (own_roots() before down)."""
     left = [f"process {pid} ({Path(f'/proc/{pid}/exe').resolve()})"
             for pid in procs.pids_with_exe_under(BIN) + procs.pids_with_exe_under(STATE)]  # fmt: skip
     left += [f"containerd shim {pid}" for pid in procs.pids_with_arg(str(CONTAINERD_SOCKET))]
-    left += [f"mount {m}" for m in mounts_under(ROOTS)]
-    left += [f"directory {r}" for r in ROOTS if r.exists()]
+    roots = own_roots() if roots is None else roots  # one node-up did not make is not its
+    left += [f"mount {m}" for m in mounts_under(roots)]
+    left += [f"directory {r}" for r in roots if r.exists()]
     left += [f"cgroup {c}" for c in hostclean.kubepods_cgroups()]
     left += [
         f"{tool} -t {table} chain {chain}" for tool, table, chain in hostclean.iptables_leftovers()
