@@ -8,9 +8,15 @@ file and the problem, never with a traceback:
   MAX_BYTES of it;
 - the bytes must be UTF-8 (a binary file is named as such);
 - NaN, Infinity and numbers that overflow a float (1e400) are refused: a duration must be finite;
+- an integer of more than MAX_INT_DIGITS digits is refused (nothing the suite reads counts that
+  high, and a 100,000-digit one costs quadratic time to convert), as is a duplicate key (json
+  would silently keep the last value, so two readers could disagree about one file);
 - nesting deeper than MAX_DEPTH is refused (json's own recursion guard stops 100,000 brackets
   early; what it lets through is measured without recursion), so nothing after the load can
-  recurse out of the stack.
+  recurse out of the stack; a caller may also cap how many values a document holds
+  (`max_values`), so the work after the load is bounded by more than its bytes.
+
+These limits are the ones conformance.contract.safeyaml applies to YAML (it imports them).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 
 MAX_BYTES = 64 * 1024 * 1024  # a results.json of a full run is well under 1 MiB
 MAX_DEPTH = 64  # results.json nests 5 levels; nothing the suite writes comes close
+MAX_INT_DIGITS = 18  # any int64 of 18 digits; no count, size or id the suite reads is longer
 
 
 class JsonInputError(ValueError):
@@ -65,13 +72,22 @@ def decode(data: bytes, *, label: str) -> str:
 
 def depth_of(value: Any) -> int:
     """How deeply value nests lists and objects (a scalar is 0), found without recursion."""
-    deepest, stack = 0, [(value, 0)]
+    return measure(value)[0]
+
+
+def measure(value: Any, stop_after: int | None = None) -> tuple[int, int]:
+    """(depth, number of values) of a parsed document, found without recursion; the count
+    stops growing past `stop_after` (the walk ends there: the caller refuses it anyway)."""
+    deepest, count, stack = 0, 0, [(value, 0)]
     while stack:
         item, depth = stack.pop()
+        count += 1
+        if stop_after is not None and count > stop_after:
+            break
         if isinstance(item, dict | list):
             deepest = max(deepest, depth + 1)
             stack += [(v, depth + 1) for v in (item.values() if isinstance(item, dict) else item)]
-    return deepest
+    return deepest, count
 
 
 def _refuse_constant(name: str) -> Any:
@@ -85,25 +101,57 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def parse(text: str, *, label: str, max_depth: int = MAX_DEPTH) -> Any:
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise JsonInputError(
+            f"an integer of more than {MAX_INT_DIGITS} digits ({text[:20]}...) is refused"
+        )
+    return int(text)
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise JsonInputError(f"duplicate key '{one_line(key, 40)}'")
+            seen.add(key)
+    return found
+
+
+def parse(
+    text: str, *, label: str, max_depth: int = MAX_DEPTH, max_values: int | None = None
+) -> Any:
     """Parsed JSON; JsonInputError (one line) for anything outside the rules above."""
     try:
-        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        value = json.loads(
+            text,
+            parse_constant=_refuse_constant,
+            parse_float=_finite_float,
+            parse_int=_bounded_int,
+            object_pairs_hook=_unique,
+        )
     except JsonInputError as exc:
         raise JsonInputError(f"{label}: {exc}") from None
     except RecursionError:  # json's C scanner stops itself at the interpreter's limit
         raise JsonInputError(f"{label}: nested deeper than {max_depth} levels") from None
     except ValueError as exc:  # json.JSONDecodeError, or an integer over Python's digit limit
         raise JsonInputError(f"{label}: not JSON: {one_line(str(exc))}") from None
-    if depth_of(value) > max_depth:
+    depth, count = measure(value, max_values)
+    if depth > max_depth:
         raise JsonInputError(f"{label}: nested deeper than {max_depth} levels")
+    if max_values is not None and count > max_values:
+        raise JsonInputError(f"{label}: more than {max_values} values")
     return value
 
 
-def load(path: Path, *, label: str, max_bytes: int = MAX_BYTES) -> Any:
+def load(
+    path: Path, *, label: str, max_bytes: int = MAX_BYTES, max_values: int | None = None
+) -> Any:
     """read_bytes + decode + parse: one call for a JSON file handed to the suite."""
     text = decode(read_bytes(path, label=label, max_bytes=max_bytes), label=f"{label} {path}")
-    return parse(text, label=f"{label} {path}")
+    return parse(text, label=f"{label} {path}", max_values=max_values)
 
 
 def one_line(text: str, limit: int = 300) -> str:

@@ -17,16 +17,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from conformance.contract.deploy import CLUSTER_SCOPED, Deploy
 from conformance.contract.results import EnvironmentBlocked
-from conformance.manifests.chart import ChartError, HelmMissing, template
+from conformance.contract.safeyaml import (
+    MAX_FILE_BYTES,
+    Budget,
+    UnsafeInput,
+    excerpt,
+    read_bounded,
+)
+from conformance.manifests.chart import (
+    ChartError,
+    HelmMissing,
+    ObjectError,
+    load_objects,
+    template,
+)
 from conformance.manifests.render import ManifestError
 
 Obj = dict[str, Any]
-MAX_MANIFEST_BYTES = 1024 * 1024
-MAX_OBJECTS = 256
 
 
 @dataclass
@@ -38,46 +47,27 @@ class Rendered:
 
 
 def _read_manifest(path: str) -> str:
-    """A regular file of at most MAX_MANIFEST_BYTES (no FIFO, no device, no unbounded read)."""
-    import os
-    import stat
-
+    """A regular file of at most MAX_FILE_BYTES, not a symlink (no FIFO, no device, no unbounded
+    read); what a run reads in all is parse_objects' Budget's to bound."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        raise ManifestError(f"manifest {path}: cannot open: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise ManifestError(f"manifest {path}: not a regular file")
-        data = fh.read(MAX_MANIFEST_BYTES + 1)
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestError(f"manifest {path}: larger than {MAX_MANIFEST_BYTES} bytes")
+        data = read_bounded(path, MAX_FILE_BYTES, follow=False)
+    except UnsafeInput as exc:
+        raise ManifestError(f"manifest {exc}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise ManifestError(f"manifest {path}: not UTF-8 text") from None
+        raise ManifestError(f"manifest {excerpt(path, 160)}: not UTF-8 text") from None
 
 
-def parse_objects(text: str, where: str) -> list[Obj]:
+def parse_objects(text: str, where: str, budget: Budget | None = None) -> list[Obj]:
+    """The Kubernetes objects of one manifest or helm output: the strict loader (no aliases, no
+    duplicate keys, bounded numbers and depth), each document an object with apiVersion, kind
+    and a valid metadata.name or generateName. Pass one Budget for every file of a run: the
+    caps (MAX_RUN_BYTES, MAX_DOCUMENTS) are per run; without one, this text is the run."""
     try:
-        docs = list(yaml.safe_load_all(text))
-    except (yaml.YAMLError, RecursionError) as exc:
-        first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
-        raise ManifestError(f"{where}: not YAML: {first}") from None
-    objects = [d for d in docs if d is not None]
-    if len(objects) > MAX_OBJECTS:
-        raise ManifestError(f"{where}: more than {MAX_OBJECTS} objects")
-    for obj in objects:
-        if not (
-            isinstance(obj, dict)
-            and isinstance(obj.get("kind"), str)
-            and isinstance(obj.get("apiVersion"), str)
-            and isinstance(obj.get("metadata"), dict)
-            and isinstance(obj["metadata"].get("name"), str)
-        ):
-            raise ManifestError(f"{where}: every document must be an object with apiVersion, "
-                                "kind and metadata.name")  # fmt: skip
-    return objects
+        return load_objects(text, where, budget)
+    except ObjectError as exc:
+        raise ManifestError(str(exc)) from None
 
 
 def _pod_spec(obj: Obj) -> Obj | None:
@@ -124,8 +114,9 @@ def render_deploy(deploy: Deploy, target: str, *, namespace: str, image: str = "
         files = deploy.manifests_for(target)
         if not files:
             raise ManifestError(f"deploy.manifests: none for target {target!r} and no '*' entry")
+        budget = Budget()  # one budget for every file of the run: caps per run, not per file
         for path in files:
-            objects += parse_objects(_read_manifest(path), path)
+            objects += parse_objects(_read_manifest(path), path, budget)
     objects = copy.deepcopy(objects)
     notes: list[str] = []
     moved = 0

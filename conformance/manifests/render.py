@@ -13,9 +13,14 @@ import functools
 import re
 from typing import Any, Final
 
-import yaml
-
-from conformance.manifests.chart import ChartError, target_values, template
+from conformance.contract import imageref
+from conformance.manifests.chart import (
+    ChartError,
+    ObjectError,
+    load_objects,
+    target_values,
+    template,
+)
 from plugin.api.names import HYPERVISOR_RESOURCE, default_plugin_image
 from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
 
@@ -34,16 +39,6 @@ class ManifestError(ValueError):
     """A render parameter that would produce unsafe or invalid manifests."""
 
 
-# Docker reference grammar (distribution/reference), without IPv6 registry hosts.
-_DOMAIN = (
-    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
-)
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_IMAGE_RE: Final = re.compile(
-    rf"^(?P<name>(?:{_DOMAIN}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*)"
-    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
-    r"(?:@(?P<digest>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}))?$"
-)
 _DNS_LABEL: Final = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN: Final = re.compile(
     r"^(?=.{1,253}$)[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*$"
@@ -56,21 +51,18 @@ def default_image() -> str:
     return default_plugin_image()
 
 
+def _pinned(image: str) -> imageref.ImageRef:
+    """The parts of a reference pinned by a tag other than latest or a digest
+    (conformance.contract.imageref, the suite's one definition); ManifestError otherwise."""
+    try:
+        return imageref.parse(image, pinned=True)
+    except imageref.ImageRefError as exc:
+        raise ManifestError(f"image {exc}") from None
+
+
 def check_image(image: str) -> str:
     """Return `image` when it is a valid reference pinned by a tag other than latest or a digest."""
-    match = _IMAGE_RE.fullmatch(image)
-    if match is None:
-        raise ManifestError(f"image {image!r} is not a valid image reference")
-    tag, digest = match.group("tag"), match.group("digest")
-    if tag is not None and tag.lower() == "latest":
-        raise ManifestError(
-            f"image {image!r} refused: ':latest' is mutable and kind never re-pulls it; "
-            "use a version tag or a digest"
-        )
-    if tag is None and digest is None:
-        raise ManifestError(
-            f"image {image!r} refused: no tag means ':latest'; use a version tag or a digest"
-        )
+    _pinned(image)
     return image
 
 
@@ -89,13 +81,8 @@ def _check_taint_key(key: str) -> str:
 
 def image_values(image: str) -> dict[str, str]:
     """The chart's image.repository, image.tag and image.digest of a checked reference."""
-    match = _IMAGE_RE.fullmatch(check_image(image))
-    assert match is not None  # check_image matched it
-    return {
-        "repository": match.group("name"),
-        "tag": match.group("tag") or "",
-        "digest": match.group("digest") or "",
-    }
+    ref = _pinned(image)
+    return {"repository": ref.name, "tag": ref.tag, "digest": ref.digest}
 
 
 def chart_values(
@@ -155,7 +142,9 @@ def render_objects(
     kubelet_root: str = KUBELET_ROOT,
     cdi_dir: str = CDI_DIR,
 ) -> list[dict[str, Any]]:
-    """The rendered manifests parsed into one dict per Kubernetes object, in apply order."""
+    """The rendered manifests parsed into one dict per Kubernetes object, in apply order: read
+    as a profile's manifests are (conformance.manifests.chart.load_objects: the strict loader,
+    one run's caps, a valid name on every object); ManifestError (one line) otherwise."""
     text = render_manifests(
         target,
         image=image,
@@ -164,11 +153,7 @@ def render_objects(
         kubelet_root=kubelet_root,
         cdi_dir=cdi_dir,
     )
-    objects: list[dict[str, Any]] = []
-    for doc in yaml.safe_load_all(text):
-        if doc is None:
-            continue
-        if not isinstance(doc, dict):
-            raise ManifestError(f"rendered document is not a mapping: {doc!r}")
-        objects.append(doc)
-    return objects
+    try:
+        return load_objects(text, f"helm template for target {target}")
+    except ObjectError as exc:
+        raise ManifestError(str(exc)) from None

@@ -51,12 +51,13 @@ def runner(ns: argparse.Namespace) -> int:
     results: Path = ns.results
     out: Path = ns.out or results.parent
     try:
-        files = render_all(results, out, partial=ns.partial)
+        data = load_results(results)  # read and checked once: its cost grows with the file
+        files = render_all(results, out, partial=ns.partial, data=data)
         if ns.screenshot:
             png = results.resolve().parent / "evidence" / "report.png"
             capture(files["html"], png)
             # Rendered again so the bundle holds the screenshot too.
-            files = render_all(results, out, partial=ns.partial, also=[png])
+            files = render_all(results, out, partial=ns.partial, also=[png], data=data)
             files["screenshot"] = png
     except (ReportError, BrowserError) as exc:
         print(f"hvconform report: {one_line(str(exc))}", file=sys.stderr)
@@ -70,4 +71,4 @@ def runner(ns: argparse.Namespace) -> int:
         print(f"hvconform report: {kind:<10} {one_line(str(path))}")
     if summary is not None:
         print(f"hvconform report: appended report.md to {one_line(str(summary))}")
-    return 0 if verdict(load_results(results), partial=ns.partial) == "PASSED" else EXIT_NOT_CLEAN
+    return 0 if verdict(data, partial=ns.partial) == "PASSED" else EXIT_NOT_CLEAN

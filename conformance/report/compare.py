@@ -20,7 +20,7 @@ from conformance.contract.safewrite import write_atomic
 from conformance.contract.strict_json import one_line
 from conformance.report import compare_model as cm
 from conformance.report import text
-from conformance.report.model import CheckView, build
+from conformance.report.model import MAX_FIGURES, CheckView, build
 from conformance.report.render import ReportError, environment, load_results
 
 EXIT_REGRESSION = 1
@@ -84,7 +84,7 @@ def compare(
     by_a = {c.id: c for c in side_a.view.checks}
     by_b = {c.id: c for c in side_b.view.checks}
     rows = []
-    budget = cm.MAX_FIGURES
+    budget = MAX_FIGURES
     for check_id in cm.merged_ids(list(by_a), list(by_b)):
         ca, cb = by_a.get(check_id), by_b.get(check_id)
         shown, hidden = cm.figures(ca, cb, threshold, floor_s, budget)

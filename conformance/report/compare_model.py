@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.report import words
-from conformance.report.model import CheckView, ReportView, environment_rows
+from conformance.report.model import (
+    MAX_FIGURES_PER_CHECK,
+    CheckView,
+    ReportView,
+    environment_rows,
+    figures_left_out,
+)
 
 DEFAULT_THRESHOLD = 1.5  # B slower than 1.5 x A ...
 DEFAULT_FLOOR_S = 0.005  # ... and by more than 5 ms: noise on a 1 ms figure is not a regression
@@ -282,13 +288,7 @@ class CompareView:
     @property
     def hidden_figures(self) -> str:
         """What the caps left out, said in the report ('' when nothing was)."""
-        hidden = sum(r.hidden for r in self.rows)
-        if not hidden:
-            return ""
-        return (
-            f"{hidden} more figures not shown (at most {MAX_FIGURES_PER_CHECK} per check, "
-            f"{MAX_FIGURES} in all)"
-        )
+        return figures_left_out(sum(r.hidden for r in self.rows))
 
 
 def merged_ids(a: list[str], b: list[str]) -> list[str]:
@@ -311,11 +311,8 @@ def merged_ids(a: list[str], b: list[str]) -> list[str]:
     return out
 
 
-# The comparison's cost is bounded and stated: a check shows at most this many figures (a real
-# check records a dozen), the whole comparison at most MAX_FIGURES; what is left out is counted
-# in the report ("N more figures not shown"), never silently dropped. Work is linear in the input.
-MAX_FIGURES_PER_CHECK = 64
-MAX_FIGURES = 4096
+# The comparison's cost is bounded and stated with the report's caps (model.MAX_FIGURES_PER_CHECK
+# and MAX_FIGURES, one definition for both); work is linear in the input.
 
 
 def figures(

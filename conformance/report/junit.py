@@ -26,6 +26,11 @@ def _details(check: CheckView) -> str:
     lines += [f"event +{duration(e.t_s)} [{e.kind}] {e.name}" for e in check.timeline]
     lines += [f"note: {n}" for n in check.notes]
     lines += [f"evidence: {e.href}" for e in check.evidence]
+    if check.hidden_figures or check.hidden_events:
+        lines.append(
+            f"not shown: {check.hidden_figures} more figures, {check.hidden_events} more events "
+            "(the report's caps); results.json holds every one"
+        )
     return _clean("\n".join(lines))
 
 

@@ -5,6 +5,7 @@ Markdown, HTML and JUnit all read this model, so the three can never disagree ab
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections import Counter
@@ -17,6 +18,13 @@ from conformance.contract import manifest
 from conformance.report import env_facts, plugin_facts, text, words
 
 LEDGER_MAX_BYTES = 16 * 1024 * 1024  # per ledger file read for the cleanup summary
+# What a report or a comparison shows is bounded and stated: a check shows at most this many
+# figures (a real check records a dozen) and timeline events (a fault check records a few), a
+# whole report or comparison at most MAX_FIGURES figures; what is left out is counted in the
+# output ("N more figures not shown"), never silently dropped, and results.json keeps it all.
+MAX_FIGURES_PER_CHECK = 64
+MAX_FIGURES = 4096
+MAX_EVENTS_PER_CHECK = 64
 NOT_RUN = "not_run"
 NOT_RUN_REASON = "the run stopped before this check"
 # Order in which checks that did not pass are listed under scope limits: the gravest first.
@@ -65,6 +73,8 @@ class CheckView:
     evidence: list[Evidence]
     phrases: list[str] = field(default_factory=list)
     apis: list[str] = field(default_factory=list)  # the plugin APIs it judges (older runs: [])
+    hidden_figures: int = 0  # metrics past the caps above: not shown, not phrased
+    hidden_events: int = 0  # timeline events past MAX_EVENTS_PER_CHECK (the latest ones)
 
     @property
     def status_word(self) -> str:
@@ -103,9 +113,14 @@ class CheckView:
     def is_fault(self) -> bool:
         return len(self.timeline) > 1
 
+    @property
+    def shown_metrics(self) -> dict[str, words.Metric]:
+        """The metrics the report shows: the first ones recorded, within the caps."""
+        return dict(itertools.islice(self.metrics.items(), len(self.metrics) - self.hidden_figures))
+
     def metric_rows(self) -> list[tuple[str, str, str]]:
-        """(name, raw value, value in words) for the full metrics table."""
-        return [(k, str(v), words.value(k, v)) for k, v in self.metrics.items()]
+        """(name, raw value, value in words) for the metrics table (the shown metrics)."""
+        return [(k, str(v), words.value(k, v)) for k, v in self.shown_metrics.items()]
 
 
 @dataclass
@@ -161,10 +176,32 @@ class ReportView:
         return [(words.STATUS_WORDS.get(s, s), found[s]) for s in ("passed", *_GRAVITY) if found[s]]
 
     @property
+    def left_out(self) -> str:
+        """What the caps left out of this report, in one sentence ('' when nothing was)."""
+        parts = [figures_left_out(sum(c.hidden_figures for c in self.checks))]
+        events = sum(c.hidden_events for c in self.checks)
+        if events:
+            parts.append(
+                f"{events} more timeline events (at most {MAX_EVENTS_PER_CHECK} per check)"
+            )
+        shown = "; ".join(p for p in parts if p)
+        return f"{shown}: results.json holds every one." if shown else ""
+
+    @property
     def summary(self) -> str:
         total = len(self.checks)
         parts = ", ".join(f"{n} {w.lower()}" for w, n in self.counts)
         return f"{total} checks: {parts}." if total else "No checks have results."
+
+
+def figures_left_out(hidden: int) -> str:
+    """The caps' statement, shared by report and compare ('' when no figure was left out)."""
+    if not hidden:
+        return ""
+    return (
+        f"{hidden} more figures not shown (at most {MAX_FIGURES_PER_CHECK} per check, "
+        f"{MAX_FIGURES} in all)"
+    )
 
 
 def verdict(data: dict[str, Any], *, partial: bool = False) -> str:
@@ -219,7 +256,9 @@ def _evidence(names: list[str], run_dir: Path, out_dir: Path) -> list[Evidence]:
     return found
 
 
-def _check(raw: dict[str, Any], run_dir: Path, out_dir: Path) -> CheckView:
+def _check(raw: dict[str, Any], run_dir: Path, out_dir: Path, figure_room: int) -> CheckView:
+    """One check's view; at most `figure_room` of its metrics are shown (and phrased)."""
+    timeline = _timeline(list(raw.get("timeline", [])))
     view = CheckView(
         id=str(raw["id"]),
         marker=str(raw["marker"]),
@@ -229,11 +268,13 @@ def _check(raw: dict[str, Any], run_dir: Path, out_dir: Path) -> CheckView:
         duration_s=float(raw.get("duration_s", 0.0)),
         metrics=dict(raw.get("metrics", {})),
         notes=[str(n) for n in raw.get("notes", [])],
-        timeline=_timeline(list(raw.get("timeline", []))),
+        timeline=timeline[:MAX_EVENTS_PER_CHECK],
         evidence=_evidence([str(e) for e in raw.get("evidence", [])], run_dir, out_dir),
         apis=[str(a) for a in raw.get("apis", [])],
+        hidden_events=max(0, len(timeline) - MAX_EVENTS_PER_CHECK),
     )
-    view.phrases = words.figures(view.metrics, [e.name for e in view.timeline])
+    view.hidden_figures = max(0, len(view.metrics) - min(figure_room, MAX_FIGURES_PER_CHECK))
+    view.phrases = words.figures(view.shown_metrics, [e.name for e in view.timeline])
     return view
 
 
@@ -380,7 +421,11 @@ def build(
     data = text.visible_tree(data)
     run = dict(data["run"])
     env = dict(data.get("environment", {}))
-    checks = [_check(raw, run_dir, out_dir) for raw in data["checks"]]
+    checks: list[CheckView] = []
+    room = MAX_FIGURES
+    for raw in data["checks"]:
+        checks.append(_check(raw, run_dir, out_dir, room))
+        room -= len(checks[-1].metrics) - checks[-1].hidden_figures
     partial = partial or bool(run.get("partial"))
     seen = {c.id for c in checks}
     checks += [_not_run(i, NOT_RUN_REASON) for i in run.get("planned", []) if i not in seen]

@@ -20,6 +20,11 @@ from conformance.report.model import ReportView, build
 from conformance.report.words import duration
 
 STEP_SUMMARY_LIMIT = 1024 * 1024  # GitHub refuses a step summary larger than 1 MiB
+# What `hvconform report` and `compare` read: a full run's results.json is under 1 MiB and a
+# few thousand values; the work after the load (schema, model, three outputs) grows with both,
+# so both are capped well above any real run and far below what takes minutes.
+MAX_RESULTS_BYTES = 8 * 1024 * 1024
+MAX_RESULTS_VALUES = 50_000
 
 
 class ReportError(Exception):
@@ -82,11 +87,17 @@ def render_html(view: ReportView) -> str:
 def load_results(results_path: Path) -> dict[str, Any]:
     """Read and validate a results.json; ReportError (one line) names the file and the problem.
 
-    Strict (conformance.contract.strict_json): a regular file of at most 64 MiB, UTF-8, no
-    NaN or Infinity, nesting bounded; then the shipped JSON Schema.
+    Strict (conformance.contract.strict_json): a regular file of at most MAX_RESULTS_BYTES and
+    MAX_RESULTS_VALUES values, UTF-8, no NaN or Infinity, no duplicate key, integers and nesting
+    bounded; then the shipped JSON Schema.
     """
     try:
-        data = strict_json.load(results_path, label="results")
+        data = strict_json.load(
+            results_path,
+            label="results",
+            max_bytes=MAX_RESULTS_BYTES,
+            max_values=MAX_RESULTS_VALUES,
+        )
     except strict_json.JsonInputError as exc:
         raise ReportError(str(exc)) from None
     if not isinstance(data, dict):
@@ -106,7 +117,12 @@ def _write(path: Path, text: str) -> Path:
 
 
 def render_all(
-    results_path: Path, out_dir: Path, *, partial: bool = False, also: Sequence[Path] = ()
+    results_path: Path,
+    out_dir: Path,
+    *,
+    partial: bool = False,
+    also: Sequence[Path] = (),
+    data: dict[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write every report for results_path into out_dir; returns the files by kind.
 
@@ -114,19 +130,24 @@ def render_all(
     did not reach every check). The evidence bundle is chosen first, so the report can name
     what it left out, and written last, so it holds the reports too; `also` names further files
     this command wrote into the run directory (a screenshot) that the bundle should hold.
-    ReportError (one line) for results or an output directory that cannot be used.
+    ReportError (one line) for results or an output directory that cannot be used. `data`:
+    what load_results(results_path) returned already (it is not read and checked twice).
     """
     try:
-        return _render_all(results_path.resolve(), out_dir.resolve(), partial, also)
+        return _render_all(results_path.resolve(), out_dir.resolve(), partial, also, data)
     except OSError as exc:  # an unwritable or vanished output directory, a full disk
         where = f" {exc.filename}" if exc.filename else ""
         raise ReportError(f"cannot write the reports:{where}: {exc.strerror or exc}") from None
 
 
 def _render_all(
-    results_path: Path, out_dir: Path, partial: bool, also: Sequence[Path]
+    results_path: Path,
+    out_dir: Path,
+    partial: bool,
+    also: Sequence[Path],
+    data: dict[str, Any] | None,
 ) -> dict[str, Path]:
-    data = load_results(results_path)
+    data = load_results(results_path) if data is None else data
     if out_dir.exists() and not out_dir.is_dir():
         raise ReportError(f"--out {out_dir}: exists and is not a directory")
     run_dir = results_path.parent
