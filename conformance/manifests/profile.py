@@ -107,7 +107,10 @@ def render_deploy(deploy: Deploy, target: str, *, namespace: str, image: str = "
         except HelmMissing as exc:
             raise EnvironmentBlocked(str(exc)) from None
         except ChartError as exc:
-            raise ManifestError(f"chart {chart.path}: {exc}") from None
+            text = str(exc)  # chart.py's errors name the chart already
+            raise ManifestError(
+                text if text.startswith("chart ") else f"chart {chart.path}: {text}"
+            ) from None
         objects = parse_objects(text, f"helm template {chart.path}")
     else:
         objects = []
