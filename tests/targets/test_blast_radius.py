@@ -296,3 +296,48 @@ def test_cleanup_of_a_killed_run_removes_its_labelled_objects_only(kube: Any) ->
     swept = sweep(api, "run-1", timeout=5)
     assert swept.left == [] and len(swept.deleted) == 3
     assert set(fake.state.objects) == before, "only the run's labelled objects went"
+
+
+WIDGET = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+
+
+def test_a_dry_run_against_a_cluster_takes_scope_from_its_discovery(
+    kube: Any, tmp_path: Path
+) -> None:
+    """Widget (a CRD's kind) is cluster-scoped on this cluster: the table would have moved it
+    into the run's namespace; the cluster's own discovery makes it a cluster-wide object, which
+    the gate refuses."""
+    fake, _ = kube
+    profile = _profile(tmp_path, [WIDGET])
+    config = str(tmp_path / "kubeconfig")
+    argv = [sys.executable, "-m", "conformance.cli", "run", "--target", "cluster",
+            "--kubeconfig", config, "--node", "n1", "--plugin-profile", str(profile),
+            "--dry-run"]  # fmt: skip
+    refused = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr
+    assert "cluster-scoped Widget" in refused.stderr and "Traceback" not in refused.stderr
+    allowed = subprocess.run(
+        [*argv, "--allow-object", "Widget/w"], capture_output=True, text=True, timeout=120
+    )
+    assert allowed.returncode == 0, allowed.stderr
+    assert "the cluster's own (its discovery)" in allowed.stdout
+    assert "DELETE /apis/example.com/v1/widgets/w?" in allowed.stdout
+    assert not [r for r in fake.requests if not r.startswith("GET")], "a dry run only reads"
+    # the table alone (no cluster) plans it namespaced; the real run refuses it at apply
+    table = _dry_run(profile)
+    assert table.returncode == 0 and "built-in table" in table.stdout
+    assert "/namespaces/" in next(x for x in table.stdout.splitlines() if "widgets" in x)
+
+
+def test_the_run_refuses_an_object_whose_scope_differs_from_the_plan(
+    kube: Any, tmp_path: Path
+) -> None:
+    from conformance.contract.results import EnvironmentBlocked
+
+    _, api = kube
+    options = contract_options("cluster", tmp_path, kubeconfig=str(tmp_path / "kubeconfig"))
+    planned = {**WIDGET, "metadata": {"name": "w", "namespace": NS}}  # as the table placed it
+    deployer = Deployer(lambda: api, options, [planned])
+    with pytest.raises(EnvironmentBlocked, match="planned as namespaced"):
+        deployer.apply()
+    assert deployer.created == []

@@ -37,8 +37,8 @@ from conformance.targets.cluster.plan import ClusterOptions, Step
 POLICY_WORDS = ("admission", "denied", "policy", "safeguard", "gatekeeper", "forbidden")
 Resolve = Callable[[str, str], ResourceInfo]
 TABLE_NOTE = (
-    "paths and scopes in this plan are the built-in table's (no cluster was asked); the run "
-    "checks each object against the cluster's discovery before applying it"
+    "paths and scopes in this plan are the built-in table's (no cluster answered discovery); "
+    "the run checks each object against the cluster's discovery before applying it"
 )
 
 

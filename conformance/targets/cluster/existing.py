@@ -49,9 +49,9 @@ from plugin.api.names import HYPERVISOR_RESOURCE
 MANIFESTS_FILE = "manifests.yaml"  # the exact text applied, next to the cluster report
 # gone, or there and never the run's (no mark: node-prepare refused it and left it as it was)
 STATE_GONE = (
-    f'if [ ! -e {STATE_DIR} ] && [ ! -L {STATE_DIR} ]; then echo gone; '
+    f"if [ ! -e {STATE_DIR} ] && [ ! -L {STATE_DIR} ]; then echo gone; "
     f'elif [ -L {STATE_DIR} ] || [ ! -f {STATE_MARK} ]; then echo "not the run\'s: left"; '
-    'else echo present; fi'
+    "else echo present; fi"
 )
 
 
@@ -306,9 +306,30 @@ def plan_text(options: ClusterOptions, plugin: PluginUnderTest | None = None) ->
     """What `--dry-run` prints for the cluster target."""
     where = ", ".join(options.nodes) or "every KVM node"
     title = f"hvconform plan: existing cluster, {where}, {options.node_access} node access"
-    return plan_of(
-        ExistingLifecycle(options, None, plugin=plugin), f"{title}, image {options.image}"
-    )
+    api = _discovery(options)
+    try:
+        resolve = None if api is None else api.resource
+        lifecycle = ExistingLifecycle(options, None, plugin=plugin, resolve=resolve)
+        return plan_of(lifecycle, f"{title}, image {options.image}")
+    finally:
+        if api is not None:
+            api.close()
+
+
+def _discovery(options: ClusterOptions) -> KubeApi | None:
+    """The cluster's API when it answers discovery within a few seconds; None (the plan then
+    uses the built-in table, and says so) when it cannot be reached or the kubeconfig is not
+    usable from here: a dry run never fails for lack of a cluster."""
+    try:
+        api = KubeApi(options.kubeconfig, request_timeout=5.0, context=options.context)
+    except Exception:  # the client's own errors for a kubeconfig it cannot load
+        return None
+    try:
+        api.resource("v1", "Namespace")
+    except Exception:  # unreachable, refused, not a Kubernetes API: the table, said so
+        api.close()
+        return None
+    return api
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.deploy import Pods, table_namespaced
+from conformance.contract.deploy import Pods
 from conformance.contract.errors import Unhonoured
 from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.plugin import resolve as resolve_plugin
@@ -28,9 +28,9 @@ from conformance.targets.cluster.access import (
     CommandRunner,
     NodeAccess,
 )
-from conformance.targets.cluster.deploy import TABLE_NOTE, Deployer, deploy_steps
+from conformance.targets.cluster.deploy import TABLE_NOTE, Deployer, Resolve, deploy_steps
 from conformance.targets.cluster.dra_node import ClusterDraNode
-from conformance.targets.cluster.kube import KubeApi, Obj
+from conformance.targets.cluster.kube import KubeApi, Obj, table_resource
 from conformance.targets.cluster.lifecycle import Action, CleanupIncomplete, Runbook, RunReport
 from conformance.targets.cluster.node import ClusterNode
 from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
@@ -52,9 +52,9 @@ DETECT = 'for d in /dev/kvm /dev/mshv; do [ -c "$d" ] && echo "$d"; done; exit 0
 STATE_MARK = f"{STATE_DIR}/.made-by-hvconform"
 PREPARE = (
     'set -eu; [ -c "$1" ] || { echo "$1 is not a character device" >&2; exit 4; }; '
-    f'if [ -L {STATE_DIR} ] || {{ [ -e {STATE_DIR} ] && [ ! -f {STATE_MARK} ]; }}; then '
+    f"if [ -L {STATE_DIR} ] || {{ [ -e {STATE_DIR} ] && [ ! -f {STATE_MARK} ]; }}; then "
     f'echo "{STATE_DIR} exists and is not the suite\'s: left as it is" >&2; exit 5; fi; '
-    f'mkdir -p {STATE_DIR}; : > {STATE_MARK}; '
+    f"mkdir -p {STATE_DIR}; : > {STATE_MARK}; "
     f'mkdir -p {HOST_VIEW} {EMPTY_SOCKETS}; rm -f "{HOST_VIEW}/$2"; '
     f'mknod -m 0600 "{HOST_VIEW}/$2" c $((0x$(stat -c %t "$1"))) $((0x$(stat -c %T "$1")))'
 )
@@ -73,7 +73,9 @@ def values_key(options: ClusterOptions) -> str:
     return options.target + ("-mshv" if options.hypervisor == "mshv" else "")
 
 
-def render_objects(options: ClusterOptions, plugin: PluginUnderTest) -> tuple[Rendered, Gated]:
+def render_objects(
+    options: ClusterOptions, plugin: PluginUnderTest, resolve: Resolve = table_resource
+) -> tuple[Rendered, Gated]:
     """The objects the plugin's profile deploys, for this run's target, namespace and image,
     through the blast-radius gate (Unhonoured, one line, for an object wider than the user
     allowed: nothing is created)."""
@@ -90,7 +92,7 @@ def render_objects(options: ClusterOptions, plugin: PluginUnderTest) -> tuple[Re
             rendered.objects,
             namespace=options.plugin_namespace,
             allowed=options.allow_objects,
-            namespaced=table_namespaced,
+            namespaced=lambda api_version, kind: resolve(api_version, kind).namespaced,
         )
     except Refused as exc:
         raise Unhonoured(f"{plugin.name}: {exc}") from None
@@ -121,8 +123,12 @@ class ClusterLifecycle:
         api_factory: ApiFactory | None = None,
         report: RunReport | None = None,
         plugin: PluginUnderTest | None = None,
+        resolve: Resolve | None = None,
     ) -> None:
         self.options = options
+        # scope and plural of each kind in the plan: the cluster's discovery when a plan was
+        # made against a cluster, else the built-in table (the plan says which)
+        self.resolve: Resolve = resolve or table_resource
         self.plugin = plugin or resolve_plugin()
         self.pods: Pods | None = None if self.plugin.deploy is None else self.plugin.deploy.pods
         self.deploy_notes: list[str] = []
@@ -135,7 +141,7 @@ class ClusterLifecycle:
         self.api_factory = api_factory or KubeApi
         self.report = report or RunReport(self.name, options.contract)
         if objects is None:
-            made, gated = render_objects(options, self.plugin)
+            made, gated = render_objects(options, self.plugin, self.resolve)
             objects, self.deploy_notes = gated.objects, [*made.notes, *gated.notes]
             self.cluster_scoped, self.opted_in = gated.cluster_scoped, gated.opted_in
             self.namespace_labels = gated.namespace_labels
@@ -221,7 +227,7 @@ class ClusterLifecycle:
         def sh(script: str, *args: str) -> str:
             return self.node_cmd(["sh", "-c", script, "sh", *args])
 
-        steps = deploy_steps(self.objects, self.extra_dry_run())
+        steps = deploy_steps(self.objects, self.extra_dry_run(), self.resolve)
         dev, name = self.options.device, self.options.hypervisor
         steps["node-check"] = Step(
             "node-check",
@@ -314,7 +320,10 @@ def plan_of(lifecycle: ClusterLifecycle, title: str) -> str:
     head += [f"# the suite's own: {line}" for line in SUITE_OBJECTS]
     head.append(f"# every object created is labelled {RUN_ID_LABEL}={lifecycle.options.run_label}")
     head.append(f"# if the run is killed: {cleanup_hint(lifecycle.options, lifecycle.kubeconfig)}")
-    head.append(f"# {TABLE_NOTE}")
+    if lifecycle.resolve is table_resource:
+        head.append(f"# {TABLE_NOTE}")
+    else:
+        head.append("# paths and scopes in this plan are the cluster's own (its discovery)")
     text = render_plan(lifecycle.steps(), title)
     first, _, rest = text.partition("\n")
     return "\n".join([first, *head, rest])
