@@ -80,8 +80,11 @@ def cluster_report(out: Path, records: dict[str, Any]) -> dict[str, Any]:
     if cleanup is not None and not data.get("cleanup_ok", True):
         failed = [f"{name}: {v.get('detail', '')}" for name, v in checks.items() if not v.get("ok")]
         cleanup["status"] = Status.FAILED.value
-        cleanup["reason"] = "cluster cleanup not verified: " + (
-            "; ".join(failed[:5]) or "see " + reports[0].name
+        hint = [n for n in data.get("notes", []) if "hvconform cleanup" in str(n)]
+        cleanup["reason"] = (
+            "cluster cleanup not verified: "
+            + ("; ".join(failed[:5]) or "see " + reports[0].name)
+            + (f"; {hint[0]}" if hint else "")
         )
     elif cleanup is not None and cleanup["status"] == Status.SKIPPED.value and checks:
         # No ledger on a cluster: what the run put there was verified gone by the cluster

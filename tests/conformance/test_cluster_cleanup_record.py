@@ -54,3 +54,12 @@ def test_an_unverified_cleanup_fails_and_names_what_is_left(tmp_path: Path, cont
     record = _decide(tmp_path, report)
     assert record["status"] == Status.FAILED.value
     assert "objects deleted: still present: DaemonSet x" in record["reason"]
+
+
+def test_an_unverified_cleanup_says_how_to_remove_what_is_left(tmp_path: Path) -> None:
+    left = VERIFIED | {"objects deleted": {"ok": False, "detail": "labelled and left: Pod p"}}
+    hint = "if this run did not finish, remove what it left with: hvconform cleanup --run-id r1"
+    report = {"contract": False, "cleanup_ok": False, "verification": left, "notes": [hint]}
+    record = _decide(tmp_path, report)
+    assert record["status"] == Status.FAILED.value
+    assert record["reason"].endswith(hint)
