@@ -3,12 +3,16 @@ and a real `hvconform run --target node` in a subprocess, its results read back.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from conformance.targets.realnode import REPO
 
@@ -37,3 +41,26 @@ def run_node(tmp_path: Path, profile: Path, *extra: str, timeout: float = 1500) 
 
 def statuses(data: dict[str, Any]) -> dict[str, str]:
     return {c["id"]: c["status"] for c in data["checks"]}
+
+
+@contextlib.contextmanager
+def cluster_mode_nodes(count: int) -> Iterator[dict[str, str]]:
+    """`node-up --nodes COUNT` with the images imported into each node's containerd; node-down
+    verified after (nothing left, /dev/kvm unchanged). Skips, naming the fix, when the node is
+    not built or another node is up on this machine."""
+    from conformance.targets.realnode import node_images, nodes, procs, stack
+
+    if missing := nodes.has_tools():
+        pytest.skip(f"the node is not built ({', '.join(missing)}): run `nox -s node-build`")
+    if nodes.recorded_nodes() or ((p := procs.recorded("kubelet")) and p.alive):
+        pytest.skip("a node is already up on this machine: `nox -s node-down` first")
+    before = kvm()
+    try:
+        stack.up_nodes(count)
+        tags = node_images.build_images()
+        node_images.load(list(tags.values()))
+        yield {**tags, "kubeconfig": str(nodes.ADMIN_KUBECONFIG)}
+    finally:
+        left = stack.down()
+        assert not left, f"node-down left: {left}"
+        assert kvm() == before, "/dev/kvm changed"

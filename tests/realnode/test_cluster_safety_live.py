@@ -29,8 +29,8 @@ from conformance.contract.plugin import SHIPPED
 from conformance.targets.cluster.access import STATE_DIR
 from conformance.targets.cluster.kube import KubeApi
 from conformance.targets.cluster.workloads import RUN_ID_LABEL
-from conformance.targets.realnode import NODE_NAME, node_images, nodes, procs, stack
-from tests.realnode.live_runs import kvm
+from conformance.targets.realnode import NODE_NAME
+from tests.realnode.live_runs import cluster_mode_nodes
 
 USES_NODE_STACK = True
 pytestmark = pytest.mark.timeout(1800)
@@ -39,20 +39,8 @@ RBAC = "rbac.authorization.k8s.io/v1"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[dict[str, str]]:
-    if missing := nodes.has_tools():
-        pytest.skip(f"the node is not built ({', '.join(missing)}): run `nox -s node-build`")
-    if nodes.recorded_nodes() or ((p := procs.recorded("kubelet")) and p.alive):
-        pytest.skip("a node is already up on this machine: `nox -s node-down` first")
-    before = kvm()
-    try:
-        stack.up_nodes(1)
-        tags = node_images.build_images()
-        node_images.load(list(tags.values()))
-        yield {**tags, "kubeconfig": str(nodes.ADMIN_KUBECONFIG)}
-    finally:
-        left = stack.down()
-        assert not left, f"node-down left: {left}"
-        assert kvm() == before, "/dev/kvm changed"
+    with cluster_mode_nodes(1) as made:
+        yield made
 
 
 def _profile(tmp_path: Path, image: str) -> Path:
