@@ -165,6 +165,7 @@ def test_generated_and_opted_in_objects_are_deleted_exactly(
         assert len(generated) == 2 and all(re.search(r"-[a-z0-9]{5}$", n) for n in generated)
         assert _counts(api) == before
         assert _labelled(api) == []
+        print(f"counts before and after: {before}; generated names: {generated}")
     finally:
         api.close()
 
@@ -215,6 +216,7 @@ def test_a_killed_run_is_cleaned_up_by_its_label(cluster: dict[str, str], tmp_pa
         assert swept["left"] == [] and len(swept["deleted"]) >= 4, swept
         assert _labelled(api) == []
         assert _counts(api) == before
+        print(f"left by SIGKILL: {left}; cleanup: {swept}; counts before and after: {before}")
     finally:
         api.close()
         # the node's state dir is the node's, not the cluster's: what the killed run's
