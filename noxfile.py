@@ -333,5 +333,24 @@ def conformance_cluster(session: nox.Session) -> None:
 
 @nox.session(name="fixture-plugins", python=PYTHON)
 def fixture_plugins(session: nox.Session) -> None:
-    """Build the Go fixture plugins (fixtures/plugins/{go-kvm,go-devspec}/bin/); cached by hash."""
+    """Build the Go fixture plugins (fixtures/plugins/*/bin/; the public one from the Go module
+    proxy at its pinned version); cached."""
     session.run("python", "-m", "tests.fixture_plugins")
+
+
+# The Pythons requires-python claims beside CI's (3.11, run by `tests`): the built wheel is
+# installed and run outside the checkout on each (tests/release/test_wheel_anywhere.py).
+WHEEL_PYTHONS = ("3.12", "3.13")
+
+
+@nox.session(name="tests-py", python=PYTHON)
+def tests_py(session: nox.Session) -> None:
+    """The built wheel on Python 3.12 and 3.13 (`-- 3.13`: one; other arguments go to pytest):
+    a fresh venv outside the checkout, `hvconform run -m "guest or cdi"` and a user's profile
+    from a temporary directory (root, /dev/kvm, Go for the go-kvm fixture, the package index)."""
+    session.install("-e", ".[dev]")
+    versions = [a for a in session.posargs if a in WHEEL_PYTHONS or a == "3.11"]
+    versions = versions or list(WHEEL_PYTHONS)
+    rest = [a for a in session.posargs if a not in versions]
+    env = {"HV_WHEEL_PYTHONS": ",".join(versions)}
+    _pytest(session, "tests/release/test_wheel_anywhere.py", *rest, env=env)

@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from conformance.contract import imageref
+from conformance.contract.datafiles import data_root
 
 CLUSTER_TARGETS = ("cluster", "kind", "aks")
 HYPERVISORS = ("kvm", "mshv")
 NODE_ACCESS = ("pod", "direct")
 NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
-REPO_ROOT = Path(__file__).resolve().parents[2]
+# The repository's layout of the suite's data (kind/cluster.yaml): the checkout, or the wheel's copy.
+REPO_ROOT = data_root()
 # A node image kind can pull from a registry; `nox -s kind-image` builds an offline one.
 KIND_PUBLIC_NODE_IMAGE = "kindest/node:v1.31.0"
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from conformance.contract.datafiles import data_root
 from conformance.contract.deploy import Deploy, parse_deploy
 from conformance.contract.dra_profile import (
     API_DEVICE_PLUGIN,
@@ -45,7 +46,9 @@ from conformance.contract.profile_rules import (
 from conformance.contract.safeyaml import UnsafeInput, excerpt, load_strict, read_bounded
 from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
 
-SHIPPED = Path(__file__).resolve().parent.parent / "profiles" / "hv-device-plugin.yaml"
+# This repository's plugin's profiles: in the checkout's conformance/profiles, or the wheel's copy
+# beside the chart their `deploy.chart.path` names (datafiles: the same relative path in both).
+SHIPPED = data_root() / "conformance" / "profiles" / "hv-device-plugin.yaml"
 # This repository's plugin in its DRA mode (`--mode dra`), a DRA driver's profile.
 SHIPPED_DRA = SHIPPED.with_name("hv-dra-driver.yaml")
 # Placeholders a command, an env value or a probe may use; each is filled by the target.
@@ -333,10 +336,28 @@ def parse_profile(data: Any, where: str, profile_dir: Path) -> PluginUnderTest:
     )
 
 
+def shipped_profiles() -> list[PluginUnderTest]:
+    """This repository's profiles, loaded; ProfileError (one line, naming the file and what
+    is missing) when the installed suite lacks its data."""
+    try:
+        return [load_profile(path) for path in (SHIPPED, SHIPPED_DRA)]
+    except ProfileError as exc:
+        raise ProfileError(
+            f"the suite's own profile is unusable, its data is missing (reinstall "
+            f"hv-device-plugin, built with its data: setup.py): {exc}"
+        ) from None
+
+
 def resolve(plugin_profile: str = "", plugin_cmd: str = "") -> PluginUnderTest:
-    """The plugin under test from the run's options: a profile file, a command, or ours."""
+    """The plugin under test from the run's options: a profile file, a command, or ours.
+
+    The shipped profiles are loaded too, whatever the run's: every run's results compare the
+    plugin with them (is it this repository's?), so a suite installed without its data (the
+    chart, the profiles: conformance.contract.datafiles) stops here, before anything runs, with
+    one line, never with a traceback from inside the run."""
     if plugin_profile and plugin_cmd:
         raise ProfileError("--plugin-profile and --plugin-cmd are exclusive: give one")
+    shipped_profiles()
     if plugin_cmd:
         return from_plugin_cmd(plugin_cmd)
     return load_profile(plugin_profile or SHIPPED)

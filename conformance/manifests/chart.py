@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Final
 
+from conformance.contract.datafiles import data_root
 from conformance.contract.preconditions import Found, Requirement, ask
 from conformance.contract.safeyaml import (
     MAX_FILE_BYTES,
@@ -62,15 +63,14 @@ class ChartError(RuntimeError):
 
 
 def chart_dir() -> Path:
-    """charts/hv-device-plugin of the checkout this package runs from, or HV_CHART."""
+    """charts/hv-device-plugin as the package ships it (the wheel's copy, or the checkout's:
+    conformance.contract.datafiles), or HV_CHART."""
     override = os.environ.get("HV_CHART")
-    path = (
-        Path(override) if override else Path(__file__).resolve().parents[2] / "charts" / CHART_NAME
-    )
+    path = Path(override) if override else data_root() / "charts" / CHART_NAME
     if not (path / "Chart.yaml").is_file():
         raise ChartError(
-            f"chart not found at {path}: run from a source checkout (pip install -e .) "
-            "or set HV_CHART to the chart's directory"
+            f"chart not found at {path}: the installed hv-device-plugin lacks its data "
+            "(reinstall the wheel), or set HV_CHART to the chart's directory"
         )
     return path
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import yaml
 from packaging.specifiers import SpecifierSet
 
+from tests.release import test_wheel_anywhere as wheel_test
+
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
@@ -41,8 +43,19 @@ def pythons_in_use() -> set[str]:
 
 
 def test_exactly_the_tested_pythons_are_claimed() -> None:
-    tested = pythons_in_use()
-    assert tested == {"3.11"}, tested
+    used = pythons_in_use()
+    assert used == {"3.11"}, used
+    # The wheel is installed and run outside the checkout on each of these (test_wheel_anywhere):
+    # CI's session on IN_CI, `nox -s tests-py` on the others by default.
+    assert set(wheel_test.IN_CI) <= used
+    assert set(wheel_test.PYTHONS) >= used
+    noxfile = (ROOT / "noxfile.py").read_text()
+    assert '"HV_WHEEL_PYTHONS": ",".join(versions)' in noxfile
+    session_default = re.search(r"^WHEEL_PYTHONS = \((.*?)\)", noxfile, re.M)
+    assert session_default, "noxfile.py: WHEEL_PYTHONS, the Pythons of `nox -s tests-py`"
+    in_session = set(re.findall(r'"(3\.\d+)"', session_default.group(1)))
+    assert in_session == set(wheel_test.PYTHONS) - set(wheel_test.IN_CI)
+    tested = set(wheel_test.PYTHONS)
     spec = SpecifierSet(PROJECT["requires-python"])
     claimed = {f"3.{minor}" for minor in range(8, 20) if spec.contains(f"3.{minor}.0")}
     assert claimed == tested, f"requires-python {spec} claims {sorted(claimed)}"
@@ -52,10 +65,10 @@ def test_exactly_the_tested_pythons_are_claimed() -> None:
         if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
     }
     assert classified == tested
-    assert PYPROJECT["tool"]["mypy"]["python_version"] in tested
-    assert PYPROJECT["tool"]["ruff"]["target-version"] == "py" + "".join(sorted(tested)).replace(
-        ".", ""
-    )
+    # Code is written for the oldest claimed Python (ruff and mypy hold it to that).
+    oldest = min(tested, key=lambda v: tuple(map(int, v.split("."))))
+    assert PYPROJECT["tool"]["mypy"]["python_version"] == oldest
+    assert PYPROJECT["tool"]["ruff"]["target-version"] == "py" + oldest.replace(".", "")
 
 
 def test_changelog_has_unreleased_and_the_current_version() -> None:

@@ -26,7 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+from conformance.contract.datafiles import package_dir
+
+# Where the conformance package is imported from (a checkout, or site-packages): the guest is there.
+IMPORT_ROOT = package_dir().parent
 GUEST_PACKAGE = "conformance.guest"
 PYTHON_ENV = "HV_WORKLOAD_PYTHON"
 STAGE_PARENT = Path("/tmp")  # world-searchable (1777) on every Linux system
@@ -53,14 +56,14 @@ class Program:
         return [self.python, "-m", GUEST_PACKAGE, *args], {"PYTHONPATH": self.pythonpath}
 
 
-def guest_sources(repo: Path = REPO) -> list[Path]:
+def guest_sources(repo: Path = IMPORT_ROOT) -> list[Path]:
     """The files a workload needs, relative to repo: the guest package and its parent's
     __init__ (the guest imports nothing else, an import-linter contract holds it to that)."""
     guest = repo / "conformance" / "guest"
     return [repo / "conformance" / "__init__.py", *sorted(guest.glob("*.py"))]
 
 
-def stage(dest: Path, repo: Path = REPO) -> Path:
+def stage(dest: Path, repo: Path = IMPORT_ROOT) -> Path:
     """Copy the guest program below dest, readable by everyone; returns its PYTHONPATH."""
     dest.chmod(0o755)
     for source in guest_sources(repo):
