@@ -17,10 +17,17 @@ from conformance.targets import RUNTIMES, TARGETS
 from plugin.api.names import default_guest_image
 
 
+class _RunHelp(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Option defaults shown, and the checks' list (the epilog) kept as written."""
+
+
 def build_parser(cmd_run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
     """hvconform's parser; `cmd_run` runs `hvconform run` (conformance.cli)."""
+    # Each check with its marker, the APIs it judges and its requirement level (MUST: the
+    # kubelet's contract; SHOULD: a practice, its failure shown apart in the report).
     checks = "\n".join(
-        f"  {c.id:<26} -m {c.marker:<13} {'+'.join(c.apis):<17} {c.title}"
+        f"  {c.id:<33} -m {c.marker:<13} {'+'.join(c.apis):<17} {c.requirement_level or '-':<6} "
+        f"{c.title}"
         for c in (*CATALOGUE, CLEANUP)
     )
     parser: argparse.ArgumentParser = inputs.OneLineParser(
@@ -39,7 +46,8 @@ def build_parser(cmd_run: Callable[[argparse.Namespace], int]) -> argparse.Argum
     run = sub.add_parser(
         "run",
         help="run the suite; exit 1 when any check failed",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_RunHelp,
+        epilog=f"checks (id, marker, API, level, title):\n{checks}\n",
     )
     run.add_argument(
         "--target",

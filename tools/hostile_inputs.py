@@ -106,7 +106,7 @@ def _shadow(chart: Path) -> None:
     (chart / "files").mkdir()
     (chart / "files" / "shadow").symlink_to("/etc/shadow")
     (chart / "templates" / "leak.yaml").write_text(
-        'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: leak}\ndata:\n'
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: leak}\ndata:\n"
         '  s: {{ .Files.Get "files/shadow" | quote }}\n'
     )
 
@@ -119,7 +119,7 @@ def _values_link(chart: Path) -> None:
 
 def _big_configmap(chart: Path) -> None:
     (chart / "templates" / "big.yaml").write_text(
-        'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: big}\ndata:\n'
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: big}\ndata:\n"
         '  a: {{ repeat 50000000 "x" | quote }}\n'
     )
 
@@ -250,7 +250,11 @@ def run_case(name: str, surface: str, make: CaseFn) -> Row:
         timing = Path(tmp) / "time"
         done = subprocess.run(
             ["/usr/bin/time", "-o", str(timing), "-f", "%e %M", *argv],
-            capture_output=True, text=True, timeout=900, cwd=ROOT, check=False,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=ROOT,
+            check=False,
         )
         seconds, rss_kb = timing.read_text().split()[-2:]
         written = sorted(_reports() - before)
@@ -268,8 +272,10 @@ def main() -> int:
     parser.add_argument("--out", default="", help="write the Markdown table here too")
     parser.add_argument("-k", default="", help="only cases whose name contains this")
     ns = parser.parse_args()
-    head = ("| input | surface | exit | stderr lines | traceback | time s | peak RSS MB "
-            "| written or deleted | first line |")
+    head = (
+        "| input | surface | exit | stderr lines | traceback | time s | peak RSS MB "
+        "| written or deleted | first line |"
+    )
     rows = [head, "|---|---|---|---|---|---|---|---|---|"]
     for name, surface, make in CASES:
         if ns.k and ns.k not in name:

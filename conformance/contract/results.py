@@ -11,8 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from conformance.contract.safewrite import write_atomic
+from conformance.contract.wait import WaitExpired
 
-SCHEMA_VERSION = "1.1"  # results.schema.json; README "results.json" says what changed
+# results.schema.json; README "Reports" says what changed. 1.2 added optional per-check fields
+# (started_s, failure, wait, requirement_level, requirement_source); 1.0 and 1.1 still read.
+SCHEMA_VERSION = "1.2"
 
 
 class Status(enum.StrEnum):
@@ -57,9 +60,38 @@ class CheckRecord:
     timeline: list[TimelineEvent] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     apis: list[str] = field(default_factory=list)  # the plugin APIs the check judges
+    # Schema 1.2, optional (left out of results.json when unset):
+    started_s: float | None = None  # when it started, seconds after the run started
+    failure: str = ""  # a failed check: "wait", "assertion" or "error" (the check broke)
+    wait: dict[str, Any] | None = None  # the expired wait's typed fields (wait.WaitFacts)
+    requirement_level: str = ""  # "MUST" or "SHOULD" (conformance.scenarios)
+    requirement_source: str = ""  # the kubelet code path or the seed sentence behind it
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        for key in _OPTIONAL:
+            if data[key] in (None, ""):
+                del data[key]
+        return data
+
+
+_OPTIONAL = ("started_s", "failure", "wait", "requirement_level", "requirement_source")
+
+
+def describe_failure(exc: BaseException) -> tuple[str, str, dict[str, Any] | None]:
+    """(failure kind, reason in words, the wait's typed fields) of what ended a check.
+
+    No Python class name reaches a reason: an expired wait is its sentence (wait.sentence), an
+    assertion its own message, anything else "the check could not go on: <message>" with the
+    kind "error" saying the check itself broke, not the plugin.
+    """
+    lines = str(exc).strip().splitlines()
+    message = lines[0].strip() if lines else ""
+    if isinstance(exc, WaitExpired) and exc.facts is not None:
+        return "wait", exc.facts.sentence(), exc.facts.to_json()
+    if isinstance(exc, AssertionError):
+        return "assertion", message or "an assertion failed without a message", None
+    return "error", f"the check could not go on: {message or 'it broke without a message'}", None
 
 
 class Recorder:

@@ -40,7 +40,7 @@ def _testcase(suite: ET.Element, check: CheckView) -> None:
         suite, "testcase", classname=classname, name=check.id, time=f"{check.duration_s:.3f}"
     )
     if check.status == "failed":
-        kind = "WaitExpired" if check.wait else "AssertionError"
+        kind = check.failure_kind  # wait, assertion or error: never a Python class name
         failure = ET.SubElement(case, "failure", message=_clean(check.reason_words), type=kind)
         failure.text = _details(check)
     elif check.status != "passed":

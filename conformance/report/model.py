@@ -26,6 +26,7 @@ MAX_FIGURES_PER_CHECK = 64
 MAX_FIGURES = 4096
 MAX_EVENTS_PER_CHECK = 64
 NOT_RUN = "not_run"
+SHOULD_HEADING = "SHOULD: fix after the MUSTs"
 NOT_RUN_REASON = "the run stopped before this check"
 # Order in which checks that did not pass are listed under scope limits: the gravest first.
 _GRAVITY = ("failed", "blocked", "environment_blocked", "not_applicable", "skipped", NOT_RUN)
@@ -75,6 +76,13 @@ class CheckView:
     apis: list[str] = field(default_factory=list)  # the plugin APIs it judges (older runs: [])
     hidden_figures: int = 0  # metrics past the caps above: not shown, not phrased
     hidden_events: int = 0  # timeline events past MAX_EVENTS_PER_CHECK (the latest ones)
+    # Schema 1.2 (absent from older results): when it started, seconds into the run; the
+    # failure's kind and the expired wait's typed fields; the requirement level and its source.
+    started_s: float | None = None
+    failure: str = ""
+    wait_fields: dict[str, Any] | None = None
+    requirement_level: str = ""
+    requirement_source: str = ""
 
     @property
     def status_word(self) -> str:
@@ -90,19 +98,40 @@ class CheckView:
 
     @property
     def reason_words(self) -> str:
+        if self.wait_fields is not None:
+            return words.wait_sentence(self.wait_fields)
         return words.reason_in_words(self.reason)
 
     @property
-    def wait(self) -> tuple[str, str, str] | None:
-        return words.wait_expired(self.reason)
+    def wait(self) -> words.Wait | None:
+        """The expired wait: the record's typed fields, or (results before 1.2) its message."""
+        if self.wait_fields is not None:
+            return words.Wait.of(self.wait_fields)
+        return words.legacy_wait(self.reason)
 
     @property
     def failure_kind(self) -> str:
         """'wait' (a deadline expired), 'assertion', or 'error' (the check itself broke)."""
+        if self.failure in ("wait", "assertion", "error"):
+            return self.failure
         if self.wait:
             return "wait"
         cls = words.split_exception(self.reason)[0]
         return "assertion" if cls in ("", "AssertionError") else "error"
+
+    @property
+    def should(self) -> bool:
+        """A SHOULD check (a practice): its failure is shown apart, to fix after the MUSTs."""
+        return self.requirement_level == "SHOULD"
+
+    @property
+    def reason_capital(self) -> str:
+        return words.capital(self.reason_words)
+
+    @property
+    def start(self) -> str:
+        """When it started, from the run's start ('' when the results do not say)."""
+        return "" if self.started_s is None else "+" + words.duration(self.started_s)
 
     @property
     def label(self) -> str:
@@ -149,7 +178,37 @@ class ReportView:
 
     @property
     def failed(self) -> list[CheckView]:
-        return [c for c in self.checks if c.status == "failed"]
+        """Failed MUST checks (and checks of results that name no level): fix these first."""
+        return [c for c in self.checks if c.status == "failed" and not c.should]
+
+    @property
+    def failed_should(self) -> list[CheckView]:
+        """Failed SHOULD checks: failures too, shown apart (fix after the MUSTs)."""
+        return [c for c in self.checks if c.status == "failed" and c.should]
+
+    @property
+    def failure_groups(self) -> list[tuple[str, str, list[CheckView]]]:
+        """(anchor, heading, checks): the failures a reader fixes first, then the SHOULD ones."""
+        groups = [
+            ("failures", "Failures", self.failed),
+            ("should-failures", SHOULD_HEADING, self.failed_should),
+        ]
+        return [group for group in groups if group[2]]
+
+    @property
+    def levelled(self) -> bool:
+        """The results name requirement levels (schema 1.2): the table shows them."""
+        return any(c.requirement_level for c in self.checks)
+
+    @property
+    def environment_folded(self) -> list[tuple[str, str, int]]:
+        """(label, value, item count when the value is a long list to fold, else 0)."""
+        return [(label, value, (folded(value) or (0, ""))[0]) for label, value in self.environment]
+
+    @property
+    def timed(self) -> bool:
+        """The results say when each check started (schema 1.2): the table shows it."""
+        return any(c.started_s is not None for c in self.checks)
 
     @property
     def fault_checks(self) -> list[CheckView]:
@@ -272,10 +331,34 @@ def _check(raw: dict[str, Any], run_dir: Path, out_dir: Path, figure_room: int) 
         evidence=_evidence([str(e) for e in raw.get("evidence", [])], run_dir, out_dir),
         apis=[str(a) for a in raw.get("apis", [])],
         hidden_events=max(0, len(timeline) - MAX_EVENTS_PER_CHECK),
+        started_s=float(raw["started_s"]) if "started_s" in raw else None,
+        failure=str(raw.get("failure", "")),
+        wait_fields=dict(raw["wait"]) if isinstance(raw.get("wait"), dict) else None,
+        requirement_level=str(raw.get("requirement_level", "")),
+        requirement_source=str(raw.get("requirement_source", "")),
     )
     view.hidden_figures = max(0, len(view.metrics) - min(figure_room, MAX_FIGURES_PER_CHECK))
     view.phrases = words.figures(view.shown_metrics, [e.name for e in view.timeline])
     return view
+
+
+def ran_order(checks: list[CheckView]) -> list[CheckView]:
+    """The checks in the order they ran (by start); those that name no start (the session's
+    own checks, decided at the end, and every check of results before 1.2) keep their order
+    after them."""
+    started = sorted((c for c in checks if c.started_s is not None), key=lambda c: c.started_s or 0)
+    return started + [c for c in checks if c.started_s is None]
+
+
+# An environment value listing more items than this is folded (HTML <details>; Markdown: its
+# count, then the list), so the facts a reader looks for are not lost among 26 feature gates.
+FOLD_ITEMS = 8
+
+
+def folded(value: str) -> tuple[int, str] | None:
+    """(item count, the list) when value is a long comma-separated list, else None."""
+    items = value.split(", ")
+    return (len(items), value) if len(items) > FOLD_ITEMS else None
 
 
 def _not_run(check_id: str, reason: str) -> CheckView:
@@ -342,7 +425,7 @@ def environment_rows(env: dict[str, Any], run: dict[str, Any]) -> list[tuple[str
 
 def _scope_limits(view: ReportView, env: dict[str, Any]) -> list[str]:
     limits = []
-    for status in _GRAVITY[:-1]:
+    for status in _GRAVITY[1:-1]:  # failures have their own section: not repeated here
         for c in (c for c in view.checks if c.status == status):
             limits.append(f"`{c.id}` ({c.title}): {c.status_word.lower()}: {c.reason_words}")
     not_run = [f"`{c.id}`" for c in view.checks if c.status == NOT_RUN]
@@ -427,6 +510,7 @@ def build(
         checks.append(_check(raw, run_dir, out_dir, room))
         room -= len(checks[-1].metrics) - checks[-1].hidden_figures
     partial = partial or bool(run.get("partial"))
+    checks = ran_order(checks)
     seen = {c.id for c in checks}
     checks += [_not_run(i, NOT_RUN_REASON) for i in run.get("planned", []) if i not in seen]
     logs = [

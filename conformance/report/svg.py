@@ -141,7 +141,7 @@ def timeline(check: CheckView) -> str:
         parts += _event(event, y, top)
     if failed:
         y = 4 + len(events) * ROW + ROW / 2
-        reason = check.wait[0] if check.wait else check.reason
+        reason = check.wait.awaited if check.wait else check.reason_words
         parts.append(_text(8, y + 4, _short("failed: " + reason), cls="label failed"))
         parts.append(
             f'<text x="{PLOT_X1:.1f}" y="{y + 5:.1f}" text-anchor="middle" '

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from conformance.contract import wait as waits
 
 Metric = float | int | str
 
@@ -57,23 +61,70 @@ def value(name: str, raw: Metric) -> str:
     return count(raw)
 
 
-def wait_expired(reason: str) -> tuple[str, str, str] | None:
-    """(what was awaited, deadline, last value) when reason is a WaitExpired message, else None."""
+_VIEWS = {
+    "kubelet": "the kubelet's",
+    "plugin": "the plugin's own",
+    "API": "the API server's",
+    "emulator": "the kubelet emulator's",
+}
+
+
+@dataclass(frozen=True)
+class Wait:
+    """An expired wait as the report shows it: what, whose view, how long, what was seen."""
+
+    awaited: str
+    view: str  # "the kubelet's", ... ("" when the results do not say)
+    after: str  # "60 s"
+    seen: str  # the last value in words
+    last: str  # the last value as recorded ("" when none)
+
+    @classmethod
+    def of(cls, fields: Mapping[str, Any]) -> Wait:
+        """From a check record's typed `wait` fields (results schema 1.2)."""
+        timeout = fields.get("timeout_s", 0)
+        after = duration(float(timeout)) if isinstance(timeout, int | float) else str(timeout)
+        return cls(
+            str(fields.get("awaited", "")),
+            _VIEWS.get(str(fields.get("view", "")), ""),
+            after,
+            str(fields.get("seen", "")),
+            str(fields.get("last", "")),
+        )
+
+
+def wait_sentence(fields: Mapping[str, Any]) -> str:
+    """The typed fields of an expired wait in one sentence (conformance.contract.wait words)."""
+    timeout = fields.get("timeout_s", 0)
+    return waits.sentence(
+        str(fields.get("awaited", "")),
+        str(fields.get("view", "")),
+        float(timeout) if isinstance(timeout, int | float) else 0.0,
+        str(fields.get("seen", "")),
+    )
+
+
+def legacy_wait(reason: str) -> Wait | None:
+    """Results before schema 1.2 carry an expired wait only as its message: read it back."""
     match = _WAIT.match(split_exception(reason)[1])
     if match is None:
         return None
-    return match["what"], f"{float(match['after']):g} s", match["last"]
+    last = match["last"]
+    seen = waits.in_words(None if last in ("False", "None", "0", "''", "[]", "{}") else last)
+    return Wait(match["what"], "", f"{float(match['after']):g} s", seen, last)
 
 
 def reason_in_words(reason: str) -> str:
-    """A failure reason that names the wait that expired, or the assertion as it was raised."""
-    wait = wait_expired(reason)
+    """A failure reason with no Python class name: the wait that expired, the assertion's own
+    message, or (anything else) that the check could not go on, and why."""
+    wait = legacy_wait(reason)
     if wait is None:
         cls, message = split_exception(reason)
         # An assertion's class adds nothing; any other class means the check itself broke.
-        return message if cls in ("", "AssertionError") else f"{cls}: {message}"
-    what, after, last = wait
-    return f'wait "{what}" expired after {after}; last value seen: {last}'
+        if cls in ("", "AssertionError", "WaitExpired"):
+            return message
+        return f"the check could not go on: {message}"
+    return f"waited {wait.after} for {wait.awaited}: {wait.seen}"
 
 
 def _seconds(metrics: Mapping[str, Metric], name: str) -> float | None:
@@ -210,9 +261,9 @@ def detail(status: str, reason: str, phrases: Sequence[str]) -> str:
     """The Result cell after the status word: the reason (when not passed), then the figures."""
     parts = []
     if status != "passed" and reason:
-        parts.append(_capital(reason_in_words(reason)).rstrip(".") + ".")
+        parts.append(capital(reason_in_words(reason)).rstrip(".") + ".")
     if phrases:
-        parts.append(_capital("; ".join(phrases)) + ".")
+        parts.append(capital("; ".join(phrases)) + ".")
     return " ".join(parts)
 
 
@@ -223,5 +274,5 @@ def sentence(status: str, reason: str, phrases: Sequence[str]) -> str:
     return f"{head} {rest}" if rest else head
 
 
-def _capital(text: str) -> str:
+def capital(text: str) -> str:
     return text[:1].upper() + text[1:]

@@ -14,6 +14,7 @@ from conformance.scenarios import (
     cdi,
     dra,
     guest,
+    health_restart,
     identity,
     late,
     options,
@@ -36,6 +37,11 @@ class Check:
     # The plugin APIs the check judges: a check of the other API ends not_applicable (a DRA
     # driver has no ListAndWatch stream to lose; a device plugin no ResourceSlice).
     apis: tuple[str, ...] = (API_DEVICE_PLUGIN,)
+    # How binding it is (RFC 2119 words): "MUST", the kubelet's contract, whose breaking loses
+    # or refuses workloads; "SHOULD", a practice (a failure shown apart: fix after the MUSTs).
+    # `requirement_source` names the kubelet code path or the seed sentence it rests on.
+    requirement_level: str = ""
+    requirement_source: str = ""
 
 
 DP = (API_DEVICE_PLUGIN,)
@@ -80,6 +86,11 @@ CATALOGUE: tuple[Check, ...] = (
           "plugin replaced: registered again; a running guest keeps counting"),
     Check("restart-kubelet", "restart", "Kubelet restart", restart.restart_kubelet,
           "graceful and crash kubelet restarts: re-registration time measured"),
+    Check("health-after-kubelet-restart", "restart", "Device health after kubelet restarts",
+          health_restart.health_after_kubelet_restart,
+          "after a graceful and after a crash kubelet restart, device gone: allocatable 0; back: "
+          "allocatable again, each within the bound (the new stream carries it)",
+          level="extended"),
     Check("workloads-survive-kubelet-restart", "workloads", "Workloads survive kubelet restarts",
           workloads.workloads_survive_kubelet_restart,
           "graceful and crash restarts: same pods (UID, container, restarts) running and "
@@ -143,6 +154,72 @@ _JUDGES_BOTH = {"guest-execution", "cdi-missing", "cdi-stale", "cdi-malformed", 
                 "preservation"}  # fmt: skip
 CATALOGUE = tuple(
     dataclasses.replace(c, apis=BOTH) if c.id in _JUDGES_BOTH else c for c in CATALOGUE
+)
+MUST, SHOULD = "MUST", "SHOULD"
+_CDI = "containerd/CRI-O fail container creation for a CDI device whose spec does not resolve"
+# Every row's requirement level and its source (a test keeps every catalogue row named here).
+_LEVELS: dict[str, tuple[str, str]] = {
+    "guest-execution": (MUST, "the seed: a workload granted the device runs a real guest through "
+                        "it; the kubelet's Allocate answer is what the runtime injects"),
+    "cdi-missing": (MUST, _CDI),
+    "cdi-stale": (MUST, _CDI),
+    "cdi-malformed": (MUST, _CDI),
+    "cdi-non-regular": (MUST, f"{_CDI}; the kubelet admits pods onto every healthy device"),
+    "cdi-read-only": (MUST, "the seed: Allocate is refused while the spec cannot be written, "
+                      "never answered with a device the runtime cannot resolve"),
+    "identity-missing": (MUST, "the kubelet admits pods onto every device listed Healthy "
+                         "(devicemanager allocatable): a vanished device must not be"),
+    "device-unusable": (MUST, "the seed: never allocate a device that is not really usable"),
+    "device-late": (MUST, "the kubelet admits pods onto every device listed Healthy: nothing "
+                    "before the device exists, and it must come without a restart by hand "
+                    "(kubevirt/kubevirt#4748)"),
+    "registration-failure": (MUST, "the kubelet serves a resource only after Register "
+                             "(devicemanager/plugin/v1beta1 server.go)"),
+    "registration-dir-replaced": (MUST, "the kubelet serves a resource only after Register; a "
+                                  "plugin whose socket is gone must register again"),
+    "stream-lost": (MUST, "v1.37 client.go Run returns and handler.go runClient disconnects the "
+                    "endpoint: only a new Register brings the devices back"),
+    "optional-rpcs": (MUST, "the kubelet calls GetPreferredAllocation and PreStartContainer "
+                      "when the plugin's options declare them (manager.go)"),
+    "restart-plugin": (MUST, "the seed: a replaced plugin registers again; running workloads "
+                       "keep their device"),
+    "restart-kubelet": (MUST, "a starting kubelet removes every socket in device-plugins "
+                        "(manager.go Start): the plugin must register again"),
+    "health-after-kubelet-restart": (MUST, "the kubelet admits pods onto the devices the live "
+                                     "ListAndWatch stream lists Healthy: a health change after "
+                                     "a restart must reach the new stream"),
+    "workloads-survive-kubelet-restart": (MUST, "kubernetes/kubernetes#118559 and the kubelet's "
+                                          "e2e 'Keeps device plugin assignments across kubelet "
+                                          "restarts'"),
+    "health-in-pod-status": (SHOULD, "a practice: keep a vanished device listed as Unhealthy so "
+                             "the pod's allocatedResourcesStatus can show it (KEP-4680)"),
+    "rollout-safety": (MUST, "an upgrade must not lose running workloads nor admit one onto a "
+                       "device that is not usable"),
+    "atomic-replacement": (MUST, f"the seed: the spec is replaced atomically; {_CDI}"),
+    "preservation": (MUST, "the seed: unrelated CDI files and the host's /dev/kvm metadata are "
+                     "never changed"),
+    "node-reboot": (MUST, "the kubelet admits pods onto every device listed Healthy: nothing "
+                    "while the device is unusable after a reboot, the workload back once it is"),
+    "dra-kubelet-restart": (MUST, "test/e2e_node/dra_test.go: a prepared claim's pod keeps "
+                            "running across kubelet restarts; the starting kubelet wipes slices"),
+    "dra-pod-while-kubelet-down": (MUST, "test/e2e_node/dra_test.go: a pod allocated while the "
+                                   "kubelet is down runs once it is back"),
+    "dra-prepare-retried": (MUST, "test/e2e_node/dra_test.go: a failed NodePrepareResources is "
+                            "retried and the pod runs"),
+    "dra-shared-device": (MUST, "a device published with allowMultipleAllocations must serve "
+                          "every claim the scheduler allocates it to"),
+    "dra-no-spec-left": (MUST, f"NodeUnprepareResources removes the claim's spec; {_CDI}"),
+    "dra-unprepare-retried": (MUST, "test/e2e_node/dra_test.go: a failed "
+                              "NodeUnprepareResources is retried"),
+    "dra-registration-socket-removed": (SHOULD, "a practice: the kubelet does not re-register a "
+                                        "driver whose plugins_registry socket vanished; the "
+                                        "driver serves a new one itself"),
+}  # fmt: skip
+CATALOGUE = tuple(
+    dataclasses.replace(c, requirement_level=_LEVELS[c.id][0], requirement_source=_LEVELS[c.id][1])
+    if c.id in _LEVELS
+    else c
+    for c in CATALOGUE
 )
 # "cleanup" is verified by the run controller after every node is torn down.
 CLEANUP = Check(

@@ -59,9 +59,19 @@ def expect_unready(
 
 
 def expect_live(node: Node, rec: Recorder, label: str) -> None:
-    """Liveness must hold during a fault the plugin should survive (when observable)."""
+    """Liveness must hold during a fault the plugin should survive (when observable). The
+    target judges it as the kubelet would (the process or container running, not restarted, its
+    liveness probe not failing past the kubelet's threshold), never from readiness: a plugin
+    that says not-ready during a fault, as it should, is alive."""
     if CAP_LIVENESS in node.capabilities:
-        assert node.plugin_live(), f"liveness must stay true ({label})"
+        if not node.plugin_live():
+            # A cluster target says why in words (a restart, a kill, a failed liveness probe).
+            why = getattr(node, "liveness_problem", None)
+            detail = why() if callable(why) else ""
+            raise AssertionError(
+                f"the plugin must stay alive during the fault ({label}), but the kubelet would "
+                f"restart it: {detail or 'its process ended or its liveness probe failed'}"
+            )
     else:
         rec.note(f"liveness not observable ({label})")
 

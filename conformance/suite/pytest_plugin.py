@@ -10,6 +10,7 @@ conformance.targets.local.netns.RunOwner): started before any worker, released o
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,13 +32,14 @@ from conformance.contract.results import (
     Recorder,
     Status,
     TimelineEvent,
+    describe_failure,
     write_results,
 )
 from conformance.contract.runcontext import RunContext
 from conformance.contract.target_report import merge_reports
 from conformance.metadata.twophase import TwoPhase
 from conformance.scenarios import BY_ID, CATALOGUE, CLEANUP, Check
-from conformance.suite import environment, identity, preflight, session_checks
+from conformance.suite import environment, evidence, identity, preflight, session_checks
 from conformance.targets import open_target
 from conformance.targets.local.netns import RunOwner
 
@@ -150,9 +152,13 @@ def check_record(request: pytest.FixtureRequest) -> Iterator[tuple[Check, Record
     assert marker is not None, "every conformance test carries check_id"
     check = BY_ID[marker.args[0]]
     record = CheckRecord(id=check.id, marker=check.marker, title=check.title, apis=list(check.apis))
+    record.requirement_level = check.requirement_level
+    record.requirement_source = check.requirement_source
     rec = Recorder(record, run_dir() / "evidence")
+    started_at = time.time()  # the controller turns it into the offset from the run's start
     yield check, rec
-    request.node.user_properties.append((USER_PROP, json.dumps(record.to_json())))
+    found = {**record.to_json(), "started_at": started_at}
+    request.node.user_properties.append((USER_PROP, json.dumps(found)))
 
 
 # Per worker: the check that left this worker's node dirty, and what could not be restored.
@@ -174,25 +180,27 @@ def run_check(node: Node, check: Check, rec: Recorder) -> None:
             f"{Status.NOT_APPLICABLE.value}: judges {judged}; the plugin under test speaks "
             f"{API_TITLES[api]}"
         )
+    window = evidence.open_window(node)  # the check's evidence covers only its own window
     try:
         check.run(node, rec)
     except NotApplicable as exc:
         pytest.skip(f"{Status.NOT_APPLICABLE.value}: {exc}")
     except EnvironmentBlocked as exc:
         pytest.skip(f"{Status.ENVIRONMENT_BLOCKED.value}: {exc}")
-    except BaseException:
-        rec.evidence("plugin.log", node.plugin_log_tail(200))
+    except Exception as exc:  # the reason in words, from the exception's typed fields
+        rec.record.failure, rec.record.reason, rec.record.wait = describe_failure(exc)
         raise
     finally:
         _restore(node, check, rec)
+        evidence.write(node, rec, window)
 
 
 def _restore(node: Node, check: Check, rec: Recorder) -> None:
     t0 = time.monotonic()
     try:
         problems = node.restore_baseline()
-    except Exception as exc:
-        problems = [f"{type(exc).__name__}: {exc}"]
+    except Exception as exc:  # the restore itself broke: nothing after it can be trusted
+        problems = [f"the restore itself failed: {exc}"]
     rec.metric("restore_s", round(time.monotonic() - t0, 6))
     if problems:
         _DIRTY.update(by=check.id, why="; ".join(problems))
@@ -211,7 +219,14 @@ def _status_from_report(report: pytest.TestReport) -> tuple[str, str]:
         return Status.SKIPPED.value, text
     crash = getattr(report.longrepr, "reprcrash", None)
     message = crash.message if crash is not None else str(report.longrepr)
-    return Status.FAILED.value, message.splitlines()[0] if message else "failed"
+    line = message.splitlines()[0] if message else "failed"
+    # No Python class name in a reason (a scenario's own failure is worded by describe_failure;
+    # this is what broke around it: a fixture, the node's setup).
+    return Status.FAILED.value, _CLASS_PREFIX.sub("", line) or "failed"
+
+
+# pytest words a failure "module.ExceptionName: message".
+_CLASS_PREFIX = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Expired|Exit)\b:? ?")
 
 
 def _check_id(nodeid: str) -> str | None:
@@ -253,6 +268,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         found = json.loads(raw)
         for key in ("metrics", "evidence", "timeline", "notes"):
             entry[key] = found[key]
+        for key in ("requirement_level", "requirement_source", "failure", "wait"):
+            if key in found:
+                entry[key] = found[key]
+        if "started_at" in found:
+            entry["started_s"] = round(max(0.0, found["started_at"] - run["started"]), 3)
+        if entry["status"] == Status.FAILED.value and found.get("reason"):
+            entry["reason"] = found["reason"]  # the scenario's failure in words
     run["done"] += 1
     _progress(config, run, entry)
 

@@ -18,15 +18,17 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(
     p for d in ("plugin", "conformance") for p in (ROOT / d).rglob("*.py") if "_pb2" not in p.name
 )
-# Each fact, as a string literal, may appear in exactly one module: where it is defined.
-ONCE = {
+# Each fact, as a string literal, may appear in exactly one module: where it is defined. The
+# same word as two facts names both modules: "Unhealthy" is a device's health (wire.py) and the
+# kubelet's event reason for a failed probe (plugin_pod.py), defined once each.
+ONCE: dict[str, str | tuple[str, ...]] = {
     '"hyperlight.dev/hypervisor"': "plugin/api/names.py",
     '"hyperlight.dev/device-access"': "plugin/api/names.py",
     '"hyperlight.json"': "plugin/api/names.py",
     '"v1beta1"': "plugin/api/wire.py",
     '"kubelet.sock"': "plugin/api/wire.py",
     '"Healthy"': "plugin/api/wire.py",
-    '"Unhealthy"': "plugin/api/wire.py",
+    '"Unhealthy"': ("plugin/api/wire.py", "conformance/targets/cluster/plugin_pod.py"),
     '"/var/lib/kubelet/device-plugins"': "plugin/api/wire.py",
 }
 
@@ -45,7 +47,8 @@ def _literal_sites(literal: str) -> list[str]:
 
 @pytest.mark.parametrize("literal", sorted(ONCE))
 def test_each_fact_is_defined_exactly_once(literal: str) -> None:
-    assert _literal_sites(literal) == [ONCE[literal]]
+    where = ONCE[literal]
+    assert sorted(_literal_sites(literal)) == sorted([where] if isinstance(where, str) else where)
 
 
 def test_targets_and_runtimes_are_listed_once() -> None:

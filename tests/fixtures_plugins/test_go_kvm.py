@@ -327,6 +327,33 @@ def test_defect_slow_reregister_waits_five_seconds(start: Start, kubelet: Kubele
     assert 4.5 <= reg.at - began < 10.0, f"re-registered after {reg.at - began:.2f}s"
 
 
+@pytest.mark.parametrize("defect", ["", "stale-stream-after-restart"])
+def test_defect_stale_stream_after_restart_loses_updates(
+    start: Start, kubelet: KubeletStub, defect: str
+) -> None:
+    """Only the first stream ever served hears of health changes: after a kubelet restart the
+    new stream keeps its opening snapshot (the correct variant sends the change there)."""
+    p = settled(start(env={"GOKVM_DEFECT": defect} if defect else None))
+    kubelet.wait_serving_after(kubelet.restart(), 20)
+    stream = Stream(p.socket())  # the restarted kubelet's stream: not the first one
+    spec = p.cdi_dir / SPEC_NAME
+    try:
+        stream.wait(all_health("Healthy"), 10, "healthy snapshot on the new stream")
+        p.wait_health("", "SERVING", 10)
+        spec.unlink()
+        spec.mkdir()  # an obstruction: the plugin turns Unhealthy and unready
+        p.wait_health("", "NOT_SERVING", 10)  # it noticed: the wake-ups are already sent
+        if not defect:
+            stream.wait(all_health("Unhealthy"), 10, "the change on the new stream")
+        else:
+            with pytest.raises(TimeoutError):
+                stream.wait(all_health("Unhealthy"), 2, "the change on the new stream")
+            assert stream.snapshots == [[(i, "Healthy") for i in IDS]], stream.snapshots
+    finally:
+        stream.close()
+        spec.rmdir()
+
+
 def test_defect_dirty_obstruction_leaves_a_file_inside(start: Start, root: Path) -> None:
     obstruction = root / "cdi" / SPEC_NAME
     obstruction.mkdir(parents=True)

@@ -55,12 +55,35 @@ def test_reasons_name_the_wait_or_the_error() -> None:
         "conformance.contract.wait.WaitExpired: "
         "wait 'plugin readiness (x)' expired after 60s (last: False)"
     )
-    assert words.wait_expired(wait) == ("plugin readiness (x)", "60 s", "False")
+    legacy = words.legacy_wait(wait)  # a results file before schema 1.2: read from the text
+    assert legacy is not None
+    assert (legacy.awaited, legacy.after, legacy.last) == ("plugin readiness (x)", "60 s", "False")
     assert words.reason_in_words(wait) == (
-        'wait "plugin readiness (x)" expired after 60 s; last value seen: False'
+        "waited 60 s for plugin readiness (x): the condition still did not hold"
     )
     assert words.reason_in_words("AssertionError: 3 torn reads") == "3 torn reads"
-    assert words.reason_in_words("RuntimeError: boom") == "RuntimeError: boom"
+    # no Python class name reaches a reason
+    assert words.reason_in_words("RuntimeError: boom") == "the check could not go on: boom"
+
+
+def test_typed_wait_fields_become_a_sentence() -> None:
+    """Schema 1.2: the expired wait's typed fields, not its message, make the words."""
+    from conformance.contract.wait import expired
+
+    facts = expired("allocatable > 0 (after restore)", 60, False).facts
+    assert facts is not None
+    fields = facts.to_json()
+    assert fields["view"] == "kubelet" and fields["last"] == "False"
+    assert words.wait_sentence(fields) == (
+        "waited 60 s for allocatable > 0 (after restore) (as the kubelet sees it): "
+        "the kubelet still counted 0 allocatable"
+    )
+    shown = words.Wait.of(fields)
+    assert (shown.view, shown.after, shown.seen) == (
+        "the kubelet's",
+        "1 min",
+        "the kubelet still counted 0 allocatable",
+    )
     assert words.sentence("passed", "", []) == "Passed."
     assert words.sentence("not_applicable", "no crash restart", []) == (
         "Not applicable. No crash restart."

@@ -58,6 +58,9 @@ from plugin.api.names import SPEC_FILENAME
 from plugin.api.wire import DEVICE_PLUGIN_DIR, KUBELET_SOCKET
 
 SPEC_NAME = SPEC_FILENAME
+# How long the restore after a check waits for the node to be back, before and after a restart
+# of the plugin pod (a polling plugin needs its tick; the seed's is 30 s).
+RESTORE_TIMEOUT_S = 60.0
 SENTINELS = {
     "zz-unrelated-vendor.json": b'{\n  "cdiVersion": "0.5.0",\n  "kind": "example.com/sentinel",\n'
     b'  "devices": [{"name": "s0", "containerEdits": {"env": ["SENTINEL=1"]}}]\n}\n',
@@ -142,8 +145,9 @@ class ClusterNode(
         # writes every 10 s on kind: a restart looked done before the new plugin registered.
         if self.layout.health_port is not None or self.layout.readiness_probe:
             caps.add(CAP_READINESS)
-        if self.layout.health_port is not None or self.layout.liveness_probe:
-            caps.add(CAP_LIVENESS)
+        # Liveness is what the kubelet does to the container (restarts, kills, failed liveness
+        # probes: PluginPod.liveness_problem), always readable, never the pod's readiness.
+        caps.add(CAP_LIVENESS)
         kvm = self.options.hypervisor == "kvm"
         if self.layout.host_view_isolated:
             caps.add(CAP_DEVICE_REMAP)
@@ -164,6 +168,8 @@ class ClusterNode(
         self.kubelet_root = self.kubelet_root_dir()
         wait_for(self.plugin_ready, t, "plugin readiness at node setup", self._poll)
         wait_for(lambda: self.allocatable() > 0, t, "allocatable > 0 at node setup", self._poll)
+        self.baseline_capacity = self.capacity()
+        self.begin_liveness_window()
         self.spec_name = self.spec_name or wait_for(
             self._discover_spec, t, "the plugin's CDI spec file at setup", self._poll
         )
@@ -202,6 +208,11 @@ class ClusterNode(
                 "the plugin's cdi.kind or cdi.spec in its profile"
             )
         return found[0] if found else None
+
+    def restore_baseline(self) -> list[str]:
+        """A node a check left down started again, then both sides verified back (or the
+        plugin restarted): PluginPod.verify_plugin_restored."""
+        return super().restore_baseline() or self.verify_plugin_restored(RESTORE_TIMEOUT_S)
 
     def teardown(self) -> None:
         """Workload pods gone and sentinels removed; the lifecycle's cleanup does the rest."""

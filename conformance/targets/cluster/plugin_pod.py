@@ -1,18 +1,28 @@
 """The plugin pod of a cluster node: found, probed, restarted, varied, read back.
 
 A mixin of ClusterNode (conformance.targets.cluster.node): the plugin runs as the profile's
-DaemonSet pod; its health comes through the API server's pod proxy (or the pod's conditions when
-no HTTP endpoint was found), a restart deletes the pod and waits for its replacement, and the
-faults that need another plugin view swap the DaemonSet for a variant (or act inside the running
-plugin's namespaces when the target can).
+DaemonSet pod. Its readiness comes through the API server's pod proxy (or the pod's Ready
+condition, which the kubelet's readiness probe drives, when no HTTP endpoint was found). Its
+liveness is what the kubelet does about it, never a readiness signal: the container running,
+not restarted since the window began (restartCount, the running state's startedAt, the pod's
+uid), and no kubelet event of a failed liveness probe or a kill for one (`liveness_problem`). A
+plugin that says not-ready during a fault, as it should, is alive as long as the kubelet keeps it
+running. A restart deletes the pod and waits for its replacement, and the faults that need
+another plugin view swap the DaemonSet for a variant (or act inside the running plugin's
+namespaces when the target can).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from conformance.contract.base import NodeBase
+from conformance.contract.dra_profile import API_DEVICE_PLUGIN
+from conformance.contract.node import CAP_READINESS, Allocation
+from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.ran import PluginRan
 from conformance.contract.results import NotApplicable
-from conformance.contract.wait import wait_for
+from conformance.contract.wait import WaitExpired, wait_for
 from conformance.targets.cluster.access import NodeAccess, NodeFiles
 from conformance.targets.cluster.guests import CRICTL_SNIPPET, container_id, running
 from conformance.targets.cluster.inside import InsideFaults
@@ -31,6 +41,104 @@ CPU = (
 )
 
 
+@dataclass(frozen=True)
+class LiveWindow:
+    """The plugin container as a liveness window began (node setup, a restart the harness made,
+    the restore after each check): what a later reading is compared with."""
+
+    pod_uid: str
+    restarts: int
+    started_at: str
+    seen: frozenset[tuple[str, int]]  # liveness events already there: (event uid, count)
+
+
+def _container_status(pod: Obj, container: str) -> Obj | None:
+    for cs in pod.get("status", {}).get("containerStatuses", []) or []:
+        if cs.get("name") == container:
+            found: Obj = cs
+            return found
+    return None
+
+
+# The kubelet's event reasons for a probe that failed and for the kill it orders
+# (pkg/kubelet/events: ContainerUnhealthy, KillingContainer): event reasons, not a device's
+# health, although the first is the same word as the device plugin API's "Unhealthy".
+EVENT_PROBE_FAILED = "Unhealthy"
+EVENT_KILLING = "Killing"
+
+
+def liveness_events(events: list[Obj], container: str) -> list[Obj]:
+    """The kubelet's events that say it judged the container dead: a failed (or errored)
+    liveness probe (`Unhealthy`, "Liveness probe failed: ...") and the kill that follows
+    (`Killing`, "Container X failed liveness probe, will be restarted"). A readiness probe's
+    failures and a deletion's kill are not liveness."""
+    found = []
+    for ev in events:
+        where = str(ev.get("involvedObject", {}).get("fieldPath", ""))
+        if where and where != f"spec.containers{{{container}}}":
+            continue
+        reason, message = str(ev.get("reason", "")), str(ev.get("message", ""))
+        if (reason == EVENT_PROBE_FAILED and message.startswith("Liveness probe")) or (
+            reason == EVENT_KILLING and "liveness probe" in message.lower()
+        ):
+            found.append(ev)
+    return found
+
+
+def _event_key(ev: Obj) -> tuple[str, int]:
+    count = ev.get("count") or (ev.get("series") or {}).get("count") or 1
+    return str(ev.get("metadata", {}).get("uid", "")), int(count)
+
+
+def live_window(pod: Obj | None, container: str, events: list[Obj]) -> LiveWindow | None:
+    """The window a liveness reading starts from; None without a running plugin container."""
+    cs = None if pod is None else _container_status(pod, container)
+    if pod is None or cs is None or "running" not in (cs.get("state") or {}):
+        return None
+    return LiveWindow(
+        pod_uid=str(pod["metadata"].get("uid", "")),
+        restarts=int(cs.get("restartCount", 0)),
+        started_at=str(cs["state"]["running"].get("startedAt", "")),
+        seen=frozenset(_event_key(e) for e in liveness_events(events, container)),
+    )
+
+
+def liveness_problem(
+    pod: Obj | None, container: str, window: LiveWindow | None, events: list[Obj]
+) -> str:
+    """Why the kubelet would call the plugin container dead since `window` began, in words;
+    "" while it is alive. Readiness (the Ready and ContainersReady conditions) plays no part."""
+    if pod is None:
+        return "no plugin pod on the node"
+    name = str(pod["metadata"].get("name", ""))
+    cs = _container_status(pod, container)
+    if cs is None:
+        return f"pod {name} has no status for container {container}"
+    state: Obj = cs.get("state") or {}
+    if "running" not in state:
+        what, raw = next(iter(state.items()), ("unknown", None))
+        detail: Obj = raw or {}
+        why = ", ".join(f"{k} {detail[k]}" for k in ("reason", "exitCode") if k in detail)
+        return f"container {container} of pod {name} is {what}" + (f" ({why})" if why else "")
+    if window is None:
+        return ""
+    if str(pod["metadata"].get("uid", "")) != window.pod_uid:
+        return f"the plugin pod was replaced (now {name}) by something other than the harness"
+    restarts = int(cs.get("restartCount", 0)) - window.restarts
+    last: Obj = (cs.get("lastState") or {}).get("terminated") or {}
+    ended = ", ".join(f"{k} {last[k]}" for k in ("reason", "exitCode", "finishedAt") if k in last)
+    if restarts > 0 or str(state["running"].get("startedAt", "")) != window.started_at:
+        return (
+            f"container {container} of pod {name} restarted {max(restarts, 1)} time(s) since "
+            "the check began" + (f" (last ended: {ended})" if ended else "")
+        )
+    new = [e for e in liveness_events(events, container) if _event_key(e) not in window.seen]
+    if new:
+        ev = new[-1]
+        return f"the kubelet reported {ev.get('reason')}: {str(ev.get('message', ''))[:200]}"
+    return ""
+
+
 class PluginPod(InsideFaults, NodeBase):
     api: KubeApi
     access: NodeAccess
@@ -42,6 +150,26 @@ class PluginPod(InsideFaults, NodeBase):
     host_metadata_at_start: dict[str, int | str]
     _real: tuple[int, int]
     _poll: float
+    _live_window: LiveWindow | None = None
+    baseline_capacity = 0  # the kubelet's capacity for the resource at node setup
+    capabilities: frozenset[str]
+    resource: str
+    plugin: PluginUnderTest | None
+
+    def capacity(self) -> int:
+        raise NotImplementedError  # ClusterPods'
+
+    def allocatable(self) -> int:
+        raise NotImplementedError  # ClusterPods'
+
+    def plugin_running(self) -> bool:
+        raise NotImplementedError  # ClusterPods'
+
+    def allocate(self) -> Allocation:
+        raise NotImplementedError  # GuestPods'
+
+    def release(self, allocation: Allocation) -> None:
+        raise NotImplementedError  # GuestPods'
 
     def _node(self, argv: list[str]) -> str:
         raise NotImplementedError  # ClusterNode's
@@ -69,21 +197,101 @@ class PluginPod(InsideFaults, NodeBase):
         assert pod is not None, f"no plugin pod on node {self.node_name}"
         return pod
 
-    def _health(self, path: str, condition: str) -> bool:
+    def plugin_ready(self) -> bool:
+        """The profile's readiness endpoint through the pod proxy, else the pod's Ready
+        condition (the kubelet's readiness probe, run where it runs: in the container)."""
         pod = self.plugin_pod()
         if pod is None or not running(pod, self.layout.container):
             return False
-        if self.layout.health_port is None:  # no HTTP health endpoint found: the pod condition
+        if self.layout.health_port is None:
             conds = pod.get("status", {}).get("conditions", [])
-            return any(c["type"] == condition and c["status"] == "True" for c in conds)
-        port = self.layout.health_port
-        return self.api.pod_proxy(self.layout.namespace, pod["metadata"]["name"], port, path) == 200
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+        port, name = self.layout.health_port, pod["metadata"]["name"]
+        return self.api.pod_proxy(self.layout.namespace, name, port, "/readyz") == 200
+
+    def _pod_events(self, pod: Obj | None) -> list[Obj]:
+        """The kubelet's events about the plugin pod; none when the cluster serves none to us
+        (the container's own state still says whether it was killed)."""
+        if pod is None:
+            return []
+        uid = pod["metadata"].get("uid", "")
+        try:
+            found: list[Obj] = self.api.list_objects(
+                "v1", "Event", self.layout.namespace, fields=f"involvedObject.uid={uid}"
+            )
+        except ApiError:
+            return []
+        return found
+
+    def begin_liveness_window(self) -> None:
+        """From now on a restart, a kill or a failed liveness probe is the plugin's death."""
+        pod = self.plugin_pod()
+        self._live_window = live_window(pod, self.layout.container, self._pod_events(pod))
+
+    def liveness_problem(self) -> str:
+        pod = self.plugin_pod()
+        events = self._pod_events(pod)
+        return liveness_problem(pod, self.layout.container, self._live_window, events)
 
     def plugin_live(self) -> bool:
-        return self._health("/healthz", "ContainersReady")
+        return not self.liveness_problem()
 
-    def plugin_ready(self) -> bool:
-        return self._health("/readyz", "Ready")
+    # -- restore: both sides' word before the next check ------------------------------------
+
+    def _unrestored(self) -> str:
+        """What is not back yet, in words: "" once the plugin's container runs, it says it is
+        ready (when that is observable) and the kubelet counts the setup's devices again."""
+        if not self.plugin_running():
+            return "the plugin's container is not running"
+        if CAP_READINESS in self.capabilities and not self.plugin_ready():
+            return "the plugin does not say it is ready (its pod's readiness)"
+        cap, alloc = self.capacity(), self.allocatable()
+        if cap != self.baseline_capacity or alloc != cap:
+            return (
+                f"the kubelet counts {alloc} allocatable of {cap} {self.resource} (at node "
+                f"setup: {self.baseline_capacity} of {self.baseline_capacity})"
+            )
+        return ""
+
+    def _restored_within(self, timeout: float) -> str:
+        """Nothing when both sides are back within `timeout` and one real allocation is
+        answered; else what was last seen missing."""
+        last = {"why": ""}
+
+        def back() -> bool:
+            last["why"] = self._unrestored()
+            return not last["why"]
+
+        try:
+            wait_for(back, timeout, "the node back at its baseline (restore)", self._poll)
+        except WaitExpired:
+            return f"{last['why']} after {timeout:g}s"
+        allocation = self.allocate()
+        try:
+            if not allocation.ok:
+                return (
+                    f"the kubelet refused a pod one {self.resource}: {allocation.reason} "
+                    f"{allocation.message}".strip()
+                )
+        finally:
+            self.release(allocation)
+        return ""
+
+    def verify_plugin_restored(self, timeout: float) -> list[str]:
+        """After every check: the kubelet's view back to node setup's and the plugin's own word
+        (ready, one allocation answered). A plugin that does not come back is restarted as its
+        DaemonSet restarts it (the pod deleted); if that does not bring it back, what is
+        missing is returned and every later check on the node is blocked."""
+        if self.plugin is not None and self.plugin.api != API_DEVICE_PLUGIN:
+            return []  # a DRA driver's node has its own baseline
+        first = self._restored_within(timeout)
+        if first:
+            self.restart_plugin()
+            second = self._restored_within(timeout)
+            if second:
+                return [f"{second}, also after a restart of the plugin pod (before: {first})"]
+        self.begin_liveness_window()
+        return []
 
     def plugin_instance(self) -> str:
         pod = self._pod()
@@ -111,6 +319,7 @@ class PluginPod(InsideFaults, NodeBase):
 
         wait_for(old_gone, self.options.pod_timeout,
                  "the replaced plugin pod gone (terminated and deleted)", self._poll)  # fmt: skip
+        self.begin_liveness_window()  # the harness replaced it: the new one's window begins
 
     def restart_plugin(self) -> None:
         pod = self._pod()

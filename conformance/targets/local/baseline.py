@@ -1,21 +1,27 @@
 """Isolation between checks on the local node, and discovery of the plugin's CDI spec file.
 
-After every check, pass or fail, the node is put back to its baseline and that is verified
-before the next check: no fault of the harness left in place (read-only storage, redirected or
-isolated sockets, a remapped or hidden device), nothing but the plugin's own spec at the spec
-path, the kubelet up, the plugin running and registered with every device allocatable, and the
-spec byte-identical to its baseline with its baseline mode. A plugin that lost its spec is given
-one restart (plugins write it at start). What cannot be restored is returned, named, so the
-remaining checks on this node end `blocked`, never failed on account of an earlier check.
+After every check, pass or fail, the node is put back to its baseline and that is verified on
+both sides before the next check: no fault of the harness left in place (read-only storage,
+redirected or isolated sockets, a remapped or hidden device), nothing but the plugin's own spec
+at the spec path, the kubelet up, and then the kubelet's view back to node setup's (as many
+devices as then, every one allocatable) AND the plugin's own word: it runs, says it is ready
+(when observable), its latest ListAndWatch list has every device healthy (sent after the undo
+when the restore undid a fault; where the target sees the lists), one real allocation is
+answered, and its spec is byte-identical to its baseline with its baseline mode. A plugin that
+does not come back is restarted as the target restarts it (plugins write their spec at start,
+and register afresh). What that does not bring back is returned, named, so the remaining checks
+on this node end `blocked`, never failed on account of an earlier check.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from conformance.contract.base import discover_spec
-from conformance.contract.node import CAP_GUEST, CAP_LONG_GUEST, Allocation
+from conformance.contract.dra_profile import API_DEVICE_PLUGIN
+from conformance.contract.node import CAP_GUEST, CAP_LONG_GUEST, CAP_READINESS, Allocation
 from conformance.contract.wait import WaitExpired, wait_for
 
 RESTORE_TIMEOUT_S = 30.0
@@ -29,6 +35,7 @@ class BaselineRestore:
     spec_name: str
     baseline_spec: bytes
     baseline_mode: int = 0
+    baseline_capacity: int = 0  # the kubelet's count of the plugin's devices at node setup
     # how often the restore asks for allocatable and readiness (the real node's answers cost more)
     _allocatable_poll_s = 0.01
     _ready_poll_s = 0.005
@@ -38,6 +45,7 @@ class BaselineRestore:
         profile's, else the one declaring the allocated kind) and its mode are the baseline; the
         session guest holds that allocation, or (nothing injected) the guest checks do not apply."""
         node: Any = self
+        self.baseline_capacity = node.capacity()
         self.spec_name = self.spec_name or discover_spec(node, allocation.cdi_devices)
         if self.spec_name:
             self.baseline_spec = wait_for(
@@ -56,6 +64,8 @@ class BaselineRestore:
     def restore_baseline(self) -> list[str]:
         node: Any = self
         problems: list[str] = []
+        # A fault undone here: the plugin must say so itself, in a list sent after the undo.
+        since = time.monotonic() if self._faults else 0.0
         for fault in sorted(self._faults):
             try:
                 _undo(node, fault)
@@ -69,18 +79,24 @@ class BaselineRestore:
                 return [problem]
         self._restore_kubelet()
         if not node.plugin_running():
+            since = time.monotonic()
             node.restart_plugin()
-        try:
-            # Short first: a plugin that lost its spec (and will not repair it) gets its
-            # restart without the whole timeout spent on every dirty check.
-            _wait_baseline(node, FIRST_TRY_S)
-        except WaitExpired as first:
+        # Short first: a plugin that lost its spec (and will not repair it) gets its
+        # restart without the whole timeout spent on every dirty check.
+        first = _wait_baseline(node, since, FIRST_TRY_S)
+        if first:
+            since = time.monotonic()
             node.restart_plugin()  # a plugin that lost its spec writes it again at start
-            try:
-                _wait_baseline(node)
-            except WaitExpired as second:
-                return [f"{second} (also before a plugin restart: {first})"]
+            second = _wait_baseline(node, since)
+            if second:
+                return [f"{second}, also after a restart of the plugin (before it: {first})"]
         return []
+
+    def listed_healthy(self, since: float) -> str:
+        """What the plugin's latest ListAndWatch list lacks: "" when it came after `since` and
+        lists every device of node setup healthy, or when the target cannot see the lists (a
+        hook: the local node reads its kubelet emulator's)."""
+        return ""
 
     def _restore_kubelet(self) -> None:
         """The kubelet up again, with no pod of a check left (a hook: the real node's kubelet
@@ -133,26 +149,53 @@ def _clear_spec_path(node: Any) -> str:
     return ""
 
 
-def _wait_baseline(node: Any, timeout: float = RESTORE_TIMEOUT_S) -> None:
-    def spec_back() -> bool:
-        if not node.spec_name:
-            return True
+def _unmet(node: Any, since: float) -> str:
+    """The first thing not back at its baseline, in words ("" when everything is)."""
+    if not node.plugin_running():
+        return "the plugin is not running"
+    cap, alloc, want = node.capacity(), node.allocatable(), node.baseline_capacity
+    if (cap != want if want else cap <= 0) or alloc != cap:
+        return f"the kubelet counts {alloc} allocatable of {cap} devices (at node setup: {want})"
+    if node.spec_name:
         info = node.stat("cdi", node.spec_name)
-        return bool(
-            node.read_file("cdi", node.spec_name) == node.baseline_spec
-            and info is not None
-            and info.mode == node.baseline_mode
-        )
+        if node.read_file("cdi", node.spec_name) != node.baseline_spec:
+            return f"the CDI spec {node.spec_name} is not byte-identical to its baseline"
+        if info is None or info.mode != node.baseline_mode:
+            return f"the CDI spec {node.spec_name} does not have its baseline mode"
+    if CAP_READINESS in node.capabilities and not node.plugin_ready():
+        return f"the plugin does not say it is ready ({node.plugin.readiness.type} probe)"
+    listed: str = node.listed_healthy(since)
+    return listed
 
-    wait_for(node.plugin_running, 5, "plugin running (restore)")
-    wait_for(
-        lambda: node.capacity() > 0 and node.allocatable() == node.capacity(),
-        timeout,
-        "every device allocatable again (restore)",
-        interval=node._allocatable_poll_s,
-    )
-    wait_for(spec_back, timeout, "CDI spec bytes and mode as at baseline (restore)")
-    if "readiness" in node.capabilities:
-        wait_for(
-            node.plugin_ready, timeout, "plugin readiness (restore)", interval=node._ready_poll_s
-        )
+
+def _allocation_refused(node: Any) -> str:
+    """One real allocation through the kubelet, released at once: what was refused ("" when
+    answered, or when no device is free to ask with)."""
+    allocation = node.allocate()
+    try:
+        # a full node is no word of the plugin's: the emulator's, and the kubelet's OutOf<name>
+        full = allocation.reason == "InsufficientResources" or allocation.reason.startswith("OutOf")
+        if allocation.ok or full:
+            return ""
+        return f"an allocation was refused: {allocation.reason} {allocation.message}".strip()
+    finally:
+        node.release(allocation)
+
+
+def _wait_baseline(node: Any, since: float, timeout: float = RESTORE_TIMEOUT_S) -> str:
+    """Nothing once both sides are back within `timeout`; else what was last missing, in
+    words."""
+    last = {"why": ""}
+
+    def back() -> bool:
+        last["why"] = _unmet(node, since)
+        return not last["why"]
+
+    try:
+        poll = max(node._ready_poll_s, node._allocatable_poll_s)
+        wait_for(back, timeout, "the node back at its baseline (restore)", poll)
+    except WaitExpired:
+        return f"{last['why']} after {timeout:g}s"
+    if node.plugin.api != API_DEVICE_PLUGIN:
+        return ""
+    return _allocation_refused(node)

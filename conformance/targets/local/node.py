@@ -50,9 +50,12 @@ from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.runcontext import RunContext
 from conformance.contract.wait import wait_for
 from conformance.kubelet import ThreadedKubeletEmulator
+from conformance.kubelet.accounting import EventKind
 from conformance.targets.local.baseline import BaselineRestore
+from conformance.targets.local.evidence import LocalEvidence
 from conformance.targets.local.faults import LocalFaults
 from conformance.targets.local.hostfiles import device_metadata, mount, umount
+from conformance.targets.local.liveness import kubelet_live
 from conformance.targets.local.netns import free_index
 from conformance.targets.local.plugin_view import SandboxedPluginView
 from conformance.targets.local.pods import LocalPods, LocalRuntime
@@ -102,13 +105,21 @@ WORKLOAD_CAPABILITIES = frozenset(
 def _capabilities(plugin: PluginUnderTest, runtime: str = "process") -> frozenset[str]:
     """What this node can do with this plugin: health only where the profile can observe it."""
     observed = {CAP_READINESS} if plugin.readiness.observable else set()
-    observed |= {CAP_LIVENESS} if plugin.liveness.observable else set()
+    # Liveness is always observable here: the process (kubelet_live), and the profile's
+    # liveness probe on top when it names one.
+    observed |= {CAP_LIVENESS}
     workloads = WORKLOAD_CAPABILITIES if runtime == "process" else frozenset()
     return BASE_CAPABILITIES | observed | workloads
 
 
 class LocalNode(
-    BaselineRestore, SandboxedPluginView, LocalFaults, LocalWorkloads, LocalPods, LocalNodeFaults
+    BaselineRestore,
+    SandboxedPluginView,
+    LocalFaults,
+    LocalWorkloads,
+    LocalPods,
+    LocalNodeFaults,
+    LocalEvidence,
 ):
     name = "local"
     runtime = "process"  # the container runtime's node says "container"
@@ -272,6 +283,12 @@ class LocalNode(
     def restart_plugin(self) -> None:
         self._sandbox().restart()
 
+    def plugin_live(self) -> bool:
+        """As the kubelet judges it: the process runs and its liveness probe (if any) did not
+        fail three times in a row, 10 s apart; readiness plays no part (local/liveness.py)."""
+        probe = self.liveness if self.liveness.observable else None
+        return kubelet_live(self.plugin_running, probe)
+
     def plugin_ran(self) -> PluginRan:
         return self._ran("on this machine")
 
@@ -299,6 +316,21 @@ class LocalNode(
     def last_registration_at(self) -> float | None:
         ok = [r.t for r in self._kubelet().registrations(self.resource) if r.ok]
         return max(ok) if ok else None
+
+    def listed_healthy(self, since: float) -> str:
+        """The emulator's record of the plugin's latest ListAndWatch list (the restore's
+        hook): every device of node setup in it, all healthy, sent at or after `since`."""
+        lists = self._kubelet().timeline(EventKind.SNAPSHOT, self.resource)
+        if not lists or lists[-1].t < since:
+            return "the plugin sent no ListAndWatch list since the restore undid the fault"
+        d = lists[-1].detail
+        healthy, unhealthy = int(str(d.get("healthy", 0))), int(str(d.get("unhealthy", 0)))
+        if unhealthy or healthy != self.baseline_capacity:
+            return (
+                f"the plugin's latest ListAndWatch list has {healthy} healthy and {unhealthy} "
+                f"unhealthy devices (at node setup: {self.baseline_capacity} healthy)"
+            )
+        return ""
 
     def capacity(self) -> int:
         return self._kubelet().capacity(self.resource)

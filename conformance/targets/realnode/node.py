@@ -43,6 +43,7 @@ from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.wait import wait_for
 from conformance.guest.cdi_resolve import resolve
 from conformance.targets.local.hostfiles import device_metadata, mount, umount
+from conformance.targets.local.liveness import kubelet_live
 from conformance.targets.local.node import BASE_CAPABILITIES
 from conformance.targets.realnode import (
     BIN,
@@ -186,6 +187,12 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
             raise RuntimeError(f"the plugin exited during node setup:\n{self.plugin_log_tail(20)}")
         # Without an observable readiness, the kubelet's view is the readiness.
         return self.plugin_ready() if self.readiness.observable else self.allocatable() > 0
+
+    def plugin_live(self) -> bool:
+        """As the kubelet judges it (local/liveness.py): the process runs and its liveness
+        probe, if the profile names one, did not fail three times in a row; never readiness."""
+        probe = self.liveness if self.liveness.observable else None
+        return kubelet_live(self.plugin_running, probe)
 
     def _admitted(self) -> Allocation | None:
         allocation = self.allocate()
