@@ -210,6 +210,19 @@ def kind_image(session: nox.Session) -> None:
     session.run("python", "-m", "conformance.targets.kindnode.image", *session.posargs)
 
 
+@nox.session(python=PYTHON, name="cluster-safety-live")
+def cluster_safety_live(session: nox.Session) -> None:
+    """Issue 34 live on the cluster-mode nodes (tests/realnode/test_cluster_safety_live.py):
+    generateName objects and an opted-in ClusterRoleBinding deleted exactly, the cluster's
+    bindings and CRDs counted the same before and after, a run killed with SIGKILL cleaned up by
+    `hvconform cleanup`. Apart from `tests` for CI's time (a node stack up and down); needs
+    `nox -s node-build`."""
+    session.install("-e", ".[dev]")
+    _helm(session)
+    live = "tests/realnode/test_cluster_safety_live.py"
+    _pytest(session, live, *session.posargs, env={"HV_CLUSTER_SAFETY_LIVE": "1"})
+
+
 @nox.session(python=PYTHON, name="kind-live")
 def kind_live(session: nox.Session) -> None:
     """The live kind tests (tests/kindnode/test_kind_live.py, test_kind_dra_live.py): the kind

@@ -5,7 +5,8 @@ profile author may write: a ConfigMap and a ClusterRole with generateName, and a
 ClusterRoleBinding to the built-in ClusterRole `view` that the user opts in. The cluster's
 ClusterRoleBindings and CRDs are counted before and after: the same. Then a run killed with
 SIGKILL right after its apply leaves labelled objects, which `hvconform cleanup --run-id`
-removes (and nothing else). Needs the node built (`nox -s node-build`; skipped with that reason
+removes (and nothing else). Runs in `nox -s cluster-safety-live` (apart from `tests` for CI's
+time). Needs the node built (`nox -s node-build`; skipped with that reason
 when it is not) and no other node up on this machine.
 """
 
@@ -39,6 +40,9 @@ RBAC = "rbac.authorization.k8s.io/v1"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[dict[str, str]]:
+    if not os.environ.get("HV_CLUSTER_SAFETY_LIVE"):
+        pytest.skip("runs in `nox -s cluster-safety-live` (HV_CLUSTER_SAFETY_LIVE=1): apart from "
+                    "`tests` for CI's time")  # fmt: skip
     with cluster_mode_nodes(1) as made:
         yield made
 
