@@ -340,8 +340,17 @@ def test_defect_stale_stream_after_restart_loses_updates(
     try:
         stream.wait(all_health("Healthy"), 10, "healthy snapshot on the new stream")
         p.wait_health("", "SERVING", 10)
-        spec.unlink()
-        spec.mkdir()  # an obstruction: the plugin turns Unhealthy and unready
+        # an obstruction: the plugin turns Unhealthy and unready. Its repair may write the spec
+        # again between the unlink and the mkdir (a race seen in CI): retried, with a deadline
+        deadline = time.monotonic() + 10
+        while True:
+            spec.unlink(missing_ok=True)
+            try:
+                spec.mkdir()
+                break
+            except FileExistsError:
+                if time.monotonic() >= deadline:
+                    raise
         p.wait_health("", "NOT_SERVING", 10)  # it noticed: the wake-ups are already sent
         if not defect:
             stream.wait(all_health("Unhealthy"), 10, "the change on the new stream")
@@ -351,7 +360,8 @@ def test_defect_stale_stream_after_restart_loses_updates(
             assert stream.snapshots == [[(i, "Healthy") for i in IDS]], stream.snapshots
     finally:
         stream.close()
-        spec.rmdir()
+        if spec.is_dir() and not spec.is_symlink():
+            spec.rmdir()
 
 
 def test_defect_dirty_obstruction_leaves_a_file_inside(start: Start, root: Path) -> None:
