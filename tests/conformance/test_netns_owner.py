@@ -303,3 +303,28 @@ def test_without_an_owner_the_last_user_removes_it(private: Callable[[str], Name
     assert space.mounts() == made
     space.end(b)
     assert space.mounts() == [] and not space.run_netns.exists()
+
+
+def test_the_next_run_releases_what_a_killed_run_left(private: Callable[[str], Namespace]) -> None:
+    # The leftover both CI rehearsals of stop 40 found on the host: a run's owner killed after
+    # its worker closed its namespace and before it released /run/netns (empty, ours, its
+    # owner dead). Nobody else would ever release it: the next run's owner does, at its start.
+    space = private("none")
+    dead, ident = space.owner("dead")
+    space.end(space.worker("dead", "hvt-a", ident))
+    dead.proc.send_signal(signal.SIGKILL)
+    assert dead.ended() == -signal.SIGKILL
+    left = space.mounts()
+    assert len(left) == 1 and f"{OURS}.mount" in space.marks(), "the leftover was not made"
+    space.owner("next")
+    assert space.mounts() == [] and not space.run_netns.exists(), "the next run kept it"
+
+
+def test_the_next_run_keeps_one_a_live_run_uses(private: Callable[[str], Namespace]) -> None:
+    space = private("none")
+    _, ident = space.owner("live")
+    worker = space.worker("live", "hvt-a", ident)
+    made = space.mounts()
+    space.owner("next")
+    assert space.mounts() == made and (space.run_netns / "hvt-a").exists()
+    space.end(worker)

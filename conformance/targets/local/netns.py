@@ -186,6 +186,19 @@ def release_run_dir(owner: str = "") -> bool:
         return _release_run_dir(owner) != "busy"
 
 
+def release_stale_run_dir() -> bool:
+    """Release an hvconform /run/netns nobody uses any more (no namespace inside, no live
+    owner registered): what a run killed before its owner's release left behind. Under the
+    lock, so a process between making /run/netns and its namespace is never caught in between.
+    True when there was one and it was released."""
+    with _run_dir_lock():
+        if not RUN_DIR.exists() or not (_has(_MARK) or _has(_MOUNT_MARK)):
+            return False
+        if live_shared_owners(RUN_DIR) or any(RUN_DIR.iterdir()):
+            return False
+        return _release_run_dir("") == "released"
+
+
 def _release_run_dir(owner: str) -> str:
     """'released', 'in use', 'not ours' or 'busy' (an unmount refused: retried by the owner)."""
     if not RUN_DIR.exists():
@@ -227,8 +240,12 @@ class RunOwner:
     def __init__(self) -> None:
         self.ident = process_ident(os.getpid())
 
-    def start(self) -> None:
+    def start(self) -> bool:
+        """Export the owner's id; first adopt and release what a dead run left of /run/netns
+        (its owner SIGKILLed before releasing: ours, empty, no live owner). True when there
+        was such a leftover and it is gone now."""
         os.environ[OWNER_ENV] = self.ident
+        return release_stale_run_dir()
 
     def release(self, entries: Iterable[Entry], timeout_s: float = RELEASE_TIMEOUT_S) -> list[str]:
         if os.environ.get(OWNER_ENV) == self.ident:
