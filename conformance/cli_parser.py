@@ -195,6 +195,7 @@ def _subcommands() -> list[Register]:
     from conformance.bench.cli import register as bench_register
     from conformance.manifests.cli import register as manifests_register
     from conformance.metadata.cli import register as metadata_register
+    from conformance.profile_tool.cli import register as profile_register
     from conformance.report.cli import register as report_register
     from conformance.report.compare import register as compare_register
     from conformance.targets.cluster.sweep import register as cleanup_register
@@ -206,5 +207,6 @@ def _subcommands() -> list[Register]:
         compare_register,
         bench_register,
         cleanup_register,
+        profile_register,
     ]
     return registers

@@ -26,11 +26,12 @@ PROFILE = GO_KVM_DIR / "profile.yaml"
 DEFECT = "GOKVM_DEFECT"
 
 
-def variant_profile(tmp_path: Path, defect: str = "") -> Path:
-    """A profile of go-kvm with GOKVM_DEFECT=defect in its DaemonSet (and its process env)."""
-    data = yaml.safe_load(PROFILE.read_text())
-    profile = load_profile(PROFILE)
-    assert profile.deploy is not None, f"{PROFILE} has no deploy section"
+def variant_profile(tmp_path: Path, defect: str = "", base: Path = PROFILE) -> Path:
+    """A profile of go-kvm (`base`: profile.yaml or profile-exec.yaml) with GOKVM_DEFECT=defect
+    in its DaemonSet (and its process env)."""
+    data = yaml.safe_load(base.read_text())
+    profile = load_profile(base)
+    assert profile.deploy is not None, f"{base} has no deploy section"
     manifests: dict[str, list[str]] = {}
     listed = [(key, path) for key, paths in profile.deploy.manifests.items() for path in paths]
     for i, (key, manifest) in enumerate(listed):
@@ -47,6 +48,9 @@ def variant_profile(tmp_path: Path, defect: str = "") -> Path:
         manifests.setdefault(key, []).append(str(out))
     data["deploy"]["manifests"] = manifests
     data["command"] = [str(GO_KVM_DIR / "bin" / "go-kvm"), *data["command"][1:]]
+    for kind in ("readiness", "liveness"):  # exec probes name the binary too
+        if data.get(kind, {}).get("type") == "exec":
+            data[kind]["command"] = [str(GO_KVM_DIR / "bin" / "go-kvm"), *data[kind]["command"][1:]]
     data["env"] = {DEFECT: defect} if defect else {}
     variant = tmp_path / "profile.yaml"
     variant.write_text(yaml.safe_dump(data))

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -362,6 +363,83 @@ def test_defect_stale_stream_after_restart_loses_updates(
         stream.close()
         if spec.is_dir() and not spec.is_symlink():
             spec.rmdir()
+
+
+def probe(binary: Path, p: FixturePlugin, kind: str) -> subprocess.CompletedProcess[str]:
+    """`go-kvm -probe=KIND` run as the kubelet's exec probe would: in the plugin's mount
+    namespace, where its fixed paths are."""
+    argv = ["nsenter", f"--mount=/proc/{p.proc.pid}/ns/mnt", str(binary), f"-probe={kind}"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=15, check=False)
+
+
+def wait_probe(binary: Path, p: FixturePlugin, kind: str, code: int, timeout: float) -> str:
+    """Run the probe until it exits `code` (a probe is a poll: the kubelet's period), with a
+    deadline; its last line."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = probe(binary, p, kind)
+        if done.returncode == code:
+            return done.stdout.strip()
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{kind} probe still exits {done.returncode}: {done.stdout}")
+        time.sleep(0.2)  # the probe's own period, not a synchronisation
+
+
+def test_exec_probes_follow_readiness_and_stay_live_during_a_fault(
+    binary: Path, start: Start
+) -> None:
+    """The exec probes of deploy/daemonset-cluster-exec.yaml (a shell-less image, no HTTP
+    port): readiness follows the plugin's own word, liveness stays true while the process runs,
+    also while a fault makes it unready (else the kubelet would kill a plugin that repairs)."""
+    p = settled(start())
+    stream = Stream(p.socket())
+    try:
+        stream.wait(all_health("Healthy"), 10, "healthy at start")
+        assert "SERVING on example-kvm-" in wait_probe(binary, p, "readiness", 0, 10)
+        nsenter_mount(p.proc.pid, "mount", "-o", "remount,bind,ro", "/var/run/cdi")
+        (p.cdi_dir / SPEC_NAME).unlink()  # spec missing, dir read-only: unready until repaired
+        assert "not serving" in wait_probe(binary, p, "readiness", 1, 10)
+        live = probe(binary, p, "liveness")
+        assert live.returncode == 0, live.stdout
+        nsenter_mount(p.proc.pid, "mount", "-o", "remount,bind,rw", "/var/run/cdi")
+        wait_probe(binary, p, "readiness", 0, 10)
+    finally:
+        stream.close()
+
+
+def test_exec_liveness_without_a_socket_asks_for_the_process(binary: Path, start: Start) -> None:
+    p = settled(start())
+    # The probe sees an empty plugin dir (a copy of the plugin's mount namespace with a tmpfs
+    # there), as a replaced dir leaves it until the plugin serves again; the plugin's own view
+    # is untouched (it would serve again at once).
+    empty = 'mount -t tmpfs probe-view /var/lib/kubelet/device-plugins && exec "$0" -probe=liveness'
+    argv = ["nsenter", f"--mount=/proc/{p.proc.pid}/ns/mnt", "unshare", "-m", "--propagation",
+            "private", "sh", "-c", empty, str(binary)]  # fmt: skip
+    live = subprocess.run(argv, capture_output=True, text=True, timeout=15, check=False)
+    assert live.returncode == 0 and "the plugin process runs" in live.stdout, live.stdout
+    bad = subprocess.run([str(binary), "-probe=startup"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "want readiness or liveness" in bad.stderr
+
+
+def test_defect_never_back_after_stream_lost_stays_unregistered(
+    binary: Path, root: Path, start: Start, kubelet: KubeletStub
+) -> None:
+    """Once the kubelet ends its stream the mutant never registers again, not even as a new
+    process: the state a node it leaves so cannot be restored from (issue 35)."""
+    defect = {"GOKVM_DEFECT": "never-back-after-stream-lost"}
+    p = settled(start(env=defect))
+    Stream(p.socket()).close()  # the kubelet ends the stream; kubelet.sock stays
+    marker = p.cdi_dir / ".go-kvm-never-back"
+    wait_in_dir(p.cdi_dir, marker.exists, 15, "the defect's marker")
+    p.wait_health("", "NOT_SERVING", 10)
+    assert p.stop() == 0
+    again = FixturePlugin(binary, root, kubelet, env=defect)
+    try:
+        wait_in_dir(root, lambda: b"never registering again" in again.log_path.read_bytes(), 15,
+                    "the restarted mutant's refusal")  # fmt: skip
+        assert len(kubelet.registrations) == 1, kubelet.registrations
+    finally:
+        assert again.stop() == 0
 
 
 def test_defect_dirty_obstruction_leaves_a_file_inside(start: Start, root: Path) -> None:

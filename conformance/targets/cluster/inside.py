@@ -7,8 +7,12 @@ real /dev/kvm must never change). So the fault is made where only the plugin loo
 and mounts over the plugin's own view, then unmounts to restore. Nothing on the node changes,
 the plugin process is never replaced, and the runtime keeps seeing the real device.
 
-This needs `sh`, `mount`, `umount` and `mknod` in the plugin image (they run in the container's
-file system); without them `probe` says why, and the checks that need it are not_applicable.
+With `sh`, `mount`, `umount` and `mknod` in the plugin image the scripts below run there. An
+image without them (one static binary, no shell: how many plugins ship) gets the same faults
+from python3 on the node or in the diagnostic pod, which enters the container's mount namespace
+with setns(2) and makes the mounts with the system calls themselves (conformance.targets.cluster.
+setns_faults): a system call needs nothing in the container's file system. Without either,
+`probe` says why for both, and the checks that need it are not_applicable.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from conformance.targets.cluster.access import (
 )
 from conformance.targets.cluster.guests import CRICTL_SNIPPET
 from conformance.targets.cluster.plan import ClusterOptions
+from conformance.targets.cluster.setns_faults import SetnsFaults
 from conformance.targets.cluster.workloads import Layout
 
 # $1: container id; the rest is `sh -c SCRIPT sh ARGS...`, run in its mount namespace, and its
@@ -48,12 +53,17 @@ SCRIPTS = {
 
 
 class InsidePlugin:
-    """Runs the scripts above in one plugin container, found by its container id each time."""
+    """Runs the faults above in one plugin container, found by its container id each time:
+    with the container's own tools when it has them, else through setns(2) (SetnsFaults)."""
 
     def __init__(self, access: NodeAccess) -> None:
         self.access = access
+        self.setns: SetnsFaults | None = None  # chosen by probe() when the image has no tools
 
     def run(self, container: str, name: str, *args: str) -> None:
+        if self.setns is not None:
+            self.setns.run(container, name, *args)
+            return
         argv = ["sh", "-c", ENTER, "sh", container, SCRIPTS[name], "sh", *args]
         result = self.access.run(argv)
         if result.rc != 0:
@@ -67,8 +77,15 @@ class InsidePlugin:
         try:
             self.run(container, "probe")
         except NodeAccessError as exc:
-            return f"no mount/umount/mknod usable in the plugin container ({exc})"
-        return ""
+            tools = f"no mount/umount/mknod usable in the plugin container ({exc})"
+        else:
+            return ""
+        setns = SetnsFaults(self.access)
+        why = setns.probe(container)
+        if not why:
+            self.setns = setns
+            return ""
+        return f"{tools}; {why}"
 
 
 class InsideFaults:
