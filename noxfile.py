@@ -210,6 +210,24 @@ def kind_image(session: nox.Session) -> None:
     session.run("python", "-m", "conformance.targets.kindnode.image", *session.posargs)
 
 
+@nox.session(python=PYTHON, name="suite-image")
+def suite_image(session: nox.Session) -> None:
+    """hvconform's own image, offline (conformance/targets/kindnode/suite_image.py): the wheel
+    with its conformance extra, the pinned helm (built here, as `nox -s helm` does), kind and
+    kubectl (`nox -s kind-image`) and crictl (`nox -s node-build`); exit 2, one line, when one is
+    missing. Then its live tests (tests/container/test_suite_image.py, HV_SUITE_IMAGE_LIVE=1):
+    `hvconform --version` and `report --help` inside it with --network none."""
+    session.install("-e", ".[dev]")
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    bindir = Path(base) / "hv-device-plugin" / "bin"
+    _helm(session, bindir)
+    helm = str(bindir / "helm")
+    session.run("python", "-m", "conformance.targets.kindnode.suite_image", "--helm", helm,
+                *session.posargs)  # fmt: skip
+    env = {"HV_SUITE_IMAGE_LIVE": "1", "HV_HELM": helm}
+    _pytest(session, "tests/container/test_suite_image.py", env=env)
+
+
 @nox.session(python=PYTHON, name="cluster-safety-live")
 def cluster_safety_live(session: nox.Session) -> None:
     """Issue 34 live on the cluster-mode nodes (tests/realnode/test_cluster_safety_live.py):
@@ -221,6 +239,19 @@ def cluster_safety_live(session: nox.Session) -> None:
     _helm(session)
     live = "tests/realnode/test_cluster_safety_live.py"
     _pytest(session, live, *session.posargs, env={"HV_CLUSTER_SAFETY_LIVE": "1"})
+
+
+@nox.session(python=PYTHON, name="exec-probes-live")
+def exec_probes_live(session: nox.Session) -> None:
+    """Issue 35 live on a cluster-mode node (tests/realnode/test_cluster_exec_live.py): go-kvm
+    with exec probes only and a shell-less image judged alive through every fault; a mutant
+    that never recovers from stream-lost leaves the rest blocked. Apart from `tests` for CI's
+    time; needs `nox -s node-build`."""
+    session.install("-e", ".[dev]")
+    _helm(session)
+    session.run("python", "-m", "tests.fixture_plugins")  # go-kvm's binary, then its image
+    live = "tests/realnode/test_cluster_exec_live.py"
+    _pytest(session, live, *session.posargs, env={"HV_EXEC_PROBES_LIVE": "1"})
 
 
 @nox.session(python=PYTHON, name="kind-live")

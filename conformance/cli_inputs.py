@@ -52,10 +52,19 @@ class VersionAction(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, help="print version and commit, exit 0")
 
     def __call__(self, parser: argparse.ArgumentParser, *args: object) -> NoReturn:
+        from conformance.contract import buildinfo
         from conformance.suite.environment import source_commit
         from plugin.api.names import installed_version
 
-        print(f"{parser.prog} {installed_version()} (commit {source_commit()})")
+        try:
+            info = buildinfo.current()
+        except buildinfo.BuildInfoError as exc:
+            parser.exit(EXIT_BAD_INPUT, f"{parser.prog}: {exc}\n")
+        # In the suite's image: the commit it was built from and its pinned tools, one a line.
+        commit = info.commit if info is not None else source_commit()
+        print(f"{parser.prog} {installed_version()} (commit {commit})")
+        for line in info.lines() if info is not None else []:
+            print(line)
         parser.exit(EXIT_OK)
 
 

@@ -17,6 +17,7 @@ from conformance.targets.kindnode.workflow import (
     SKIPPED,
     WORKFLOW,
     StepResult,
+    call_inputs,
     expand,
     run_steps,
     should_run,
@@ -28,13 +29,20 @@ def _steps() -> list[dict[str, Any]]:
 
 
 def test_every_expression_and_condition_of_the_real_workflow_is_understood() -> None:
-    env = {"RUNNER_TEMP": "/t", "GITHUB_SHA": "abc", "KIND_CLUSTER": "c"}
+    env = {"RUNNER_TEMP": "/t", "GITHUB_SHA": "abc", "KIND_CLUSTER": "c", "GITHUB_WORKSPACE": "/w"}
     outcomes = {"metadata-original": "success"}
+    inputs = call_inputs(env)
+    assert inputs["suite-ref"] == "abc" and inputs["plugin-image"] == "hv-device-plugin:0.1.0"
+    job = yaml.safe_load(WORKFLOW.read_text())["jobs"][JOB]
+    for value in job["env"].values():
+        expand(str(value), env, {}, inputs)  # raises on an unknown expression
     steps = _steps()
     for step in steps:
+        if "uses" in step:
+            continue  # actions are listed, not run: their with: and if: are GitHub's
         should_run(str(step.get("if", "")), False, outcomes)  # raises on an unknown form
         for value in [*step.get("env", {}).values(), step.get("run", "")]:
-            expand(str(value), env, outcomes)
+            expand(str(value), env, outcomes, inputs)
     names = {s.get("name") for s in steps}
     assert set(SKIPPED) <= names and set(REPLACED) <= names, "the runner names steps that moved"
 

@@ -143,3 +143,21 @@ def write_tool(path: Path, text: str) -> Path:
     path.write_text(text)
     path.chmod(0o755)
     return path
+
+
+PLUGIN_WORKFLOW = "hvconform-plugin.yml"  # the reusable KIND workflow
+SUITE_CHECKOUT = ".hvconform-suite"  # where it checks the suite out, in the caller's workspace
+
+
+def plugin_call(workspace: Path) -> dict[str, str]:
+    """The contexts of hvconform-plugin.yml as conformance-kind.yml calls it: `inputs.*` (the
+    call's `with:` over the inputs' defaults) and `github.workspace`, where the suite's checkout
+    is this checkout (a symlink, made here)."""
+    inputs = load(PLUGIN_WORKFLOW)["on"]["workflow_call"]["inputs"]
+    given = load("conformance-kind.yml")["jobs"]["kind"]["with"]
+    contexts = {f"inputs.{k}": str(given.get(k, v.get("default", ""))) for k, v in inputs.items()}
+    suite = workspace / SUITE_CHECKOUT
+    workspace.mkdir(parents=True, exist_ok=True)
+    if not suite.exists():
+        suite.symlink_to(ROOT)
+    return {**contexts, "github.workspace": str(workspace)}

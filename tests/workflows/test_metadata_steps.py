@@ -1,4 +1,5 @@
-"""The KIND workflow's metadata steps, run as the runner runs them, on every fixture case.
+"""The KIND workflow's metadata steps (hvconform-plugin.yml), run as the runner runs them, on
+every fixture case.
 
 Each case of fixtures/metadata goes through the workflow's own steps (their `run:` text and
 `env:`, expressions filled in as Actions would): the original snapshot, then the startup step
@@ -27,9 +28,9 @@ from tests.workflows import actions
 FIXTURES = actions.ROOT / "fixtures" / "metadata"
 CASES = {p.stem: json.loads(p.read_text()) for p in sorted(FIXTURES.glob("*.json"))}
 EXIT = {"accepted": 0, "rejected": 1, "error": 2}
-KIND = actions.load("conformance-kind.yml")
+KIND = actions.load(actions.PLUGIN_WORKFLOW)  # the reusable KIND workflow conformance-kind calls
 JOB_NAME, JOB = actions.only_job(KIND)
-NODE = f"{KIND['env']['KIND_CLUSTER']}-control-plane"  # kind's name for the node container
+NODE = f"{JOB['env']['KIND_CLUSTER']}-control-plane"  # kind's name for the node container
 
 
 def snapshot_text(value: object) -> str:
@@ -66,6 +67,7 @@ class Host:
         env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         contexts = {f"steps.{k}.outcome": v for k, v in (outcomes or {}).items()}
+        contexts.update(actions.plugin_call(self.runner.root / "workspace"))
         return self.runner.run(KIND, JOB, actions.step_by_id(JOB, step_id), contexts, env)
 
     def call_log(self) -> list[str]:

@@ -1,5 +1,6 @@
-"""The report step of both cluster workflows, run in a scratch workspace: it adds the Markdown
-report to the job summary exactly once, whatever point the run reached."""
+"""The report step of both cluster workflows (the reusable KIND one's is a phase of
+hvconform-kind.sh), run in a scratch workspace: it adds the Markdown report to the job summary
+exactly once, whatever point the run reached."""
 
 from __future__ import annotations
 
@@ -12,13 +13,17 @@ import pytest
 from tests.workflows import actions
 
 RESULTS = actions.ROOT / "fixtures" / "results"
-NAMES = ["conformance-kind.yml", "conformance-aks.yml"]
+NAMES = [actions.PLUGIN_WORKFLOW, "conformance-aks.yml"]
 
 
 def report_step(name: str) -> tuple[actions.Workflow, dict[str, Any], actions.Step]:
     workflow = actions.load(name)
     _, job = actions.only_job(workflow)
-    found = [s for s in job["steps"] if "hvconform report" in s.get("run", "")]
+    found = [
+        s
+        for s in job["steps"]
+        if "hvconform report" in s.get("run", "") or s.get("id") == "summary"
+    ]
     assert len(found) == 1
     return workflow, job, found[0]
 
@@ -26,14 +31,16 @@ def report_step(name: str) -> tuple[actions.Workflow, dict[str, Any], actions.St
 def run_report(name: str, tmp: Path) -> tuple[int, str, str]:
     workflow, job, step = report_step(name)
     runner = actions.Runner(tmp / "runner")
+    workspace = tmp / "workspace"
     contexts = {
+        **(actions.plugin_call(workspace) if name == actions.PLUGIN_WORKFLOW else {}),
         "inputs.resource-group": "rg",
         "inputs.cluster": "c",
         "inputs.region": "westeurope",
         "inputs.hypervisor": "kvm",
         "inputs.registry": "hvconformacr",
     }
-    result = runner.run(workflow, job, step, contexts, workspace=tmp / "workspace")
+    result = runner.run(workflow, job, step, contexts, workspace=workspace)
     return result.returncode, result.stdout + result.stderr, runner.summary.read_text()
 
 

@@ -1,5 +1,6 @@
 """What each workflow must hold: triggers, least privilege, pinned actions and images, timeouts,
-and the KIND workflow's order of steps around the two metadata phases."""
+and the KIND workflow's order of steps around the two metadata phases (the reusable
+hvconform-plugin.yml, which conformance-kind.yml calls for this repository's plugin)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,15 @@ from typing import Any
 
 import pytest
 
+from conformance.contract.plugin import load_profile
 from conformance.targets.cluster.kindbin import KIND_VERSION
 from tests.workflows import actions
 
 NAMES = actions.workflow_names()
 PINNED = re.compile(r"^\s*(?:-\s+)?uses:\s*(\S+?)@([0-9a-f]{40}) # v\d+(?:\.\d+){0,2}$")
+# A job calling a reusable workflow of this repository: pinned by being this commit's file.
+LOCAL_CALL = re.compile(r"^\s*uses:\s*\./\.github/workflows/([\w-]+\.yml)$")
+PLUGIN = "hvconform-plugin.yml"  # the reusable KIND workflow
 OUTCOME = re.compile(r"^\$\{\{ steps\.([A-Za-z0-9_-]+)\.outcome \}\}$")
 
 
@@ -22,11 +27,17 @@ def jobs(name: str) -> dict[str, dict[str, Any]]:
 
 
 def all_steps(name: str) -> list[dict[str, Any]]:
-    return [step for job in jobs(name).values() for step in job["steps"]]
+    return [step for job in jobs(name).values() for step in job.get("steps", [])]
 
 
-def test_the_three_workflows_exist() -> None:
-    assert NAMES == ["ci.yml", "conformance-aks.yml", "conformance-kind.yml"]
+def plugin_job() -> dict[str, Any]:
+    name, job = actions.only_job(actions.load(PLUGIN))
+    assert name == "conformance"
+    return job
+
+
+def test_the_four_workflows_exist() -> None:
+    assert NAMES == ["ci.yml", "conformance-aks.yml", "conformance-kind.yml", PLUGIN]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -34,9 +45,13 @@ def test_every_action_is_pinned_by_full_sha_with_its_version(name: str) -> None:
     text = (actions.WORKFLOWS / name).read_text()
     uses = [line for line in text.splitlines() if re.match(r"^\s*(-\s+)?uses:", line)]
     assert uses
+    local = [m.group(1) for line in uses if (m := LOCAL_CALL.match(line))]
     for line in uses:
-        assert PINNED.match(line), f"not pinned by SHA with a version comment: {line.strip()}"
+        ok = PINNED.match(line) or LOCAL_CALL.match(line)
+        assert ok, f"not pinned by SHA with a version comment: {line.strip()}"
+    assert all((actions.WORKFLOWS / called).is_file() for called in local), local
     parsed = [s["uses"] for s in all_steps(name) if "uses" in s]
+    parsed += [j["uses"] for j in jobs(name).values() if "uses" in j]
     assert len(parsed) == len(uses)
 
 
@@ -58,6 +73,9 @@ def test_least_privilege_timeouts_concurrency(name: str) -> None:
     top = workflow["permissions"]
     assert top in ({}, {"contents": "read"}), top
     for job in workflow["jobs"].values():
+        if "uses" in job:  # a call: the called workflow's jobs are held to the same rules
+            assert "permissions" not in job and "steps" not in job
+            continue
         assert 0 < job["timeout-minutes"] <= 180
         granted = {**top, **job.get("permissions", {})}
         allowed = {"contents": "read", "id-token": "write"} if name == "conformance-aks.yml" else {}
@@ -65,8 +83,9 @@ def test_least_privilege_timeouts_concurrency(name: str) -> None:
         step_minutes = sum(s.get("timeout-minutes", 0) for s in job["steps"])
         assert step_minutes <= job["timeout-minutes"], "cleanup needs time left after the steps"
         checkouts = [s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@")]
-        assert len(checkouts) == 1
-        assert checkouts[0]["with"]["persist-credentials"] is False
+        # the reusable workflow checks out its caller's repository and the suite
+        assert len(checkouts) == (2 if name == PLUGIN else 1)
+        assert all(c["with"]["persist-credentials"] is False for c in checkouts)
 
 
 def test_ci_runs_the_project_ci_sessions() -> None:
@@ -82,50 +101,83 @@ def test_ci_runs_the_project_ci_sessions() -> None:
     assert python[0]["with"]["python-version"] == "3.11"
 
 
+SCRIPT = 'bash "$HVCONFORM_SUITE/.github/scripts/hvconform-kind.sh" '
+
+
 def test_kind_order_of_steps_around_the_metadata_phases() -> None:
-    workflow = actions.load("conformance-kind.yml")
-    assert set(workflow["on"]) == {"push", "pull_request", "workflow_dispatch"}
-    _, job = actions.only_job(workflow)
+    workflow = actions.load(PLUGIN)
+    assert list(workflow["on"]) == ["workflow_call"]
+    job = plugin_job()
     assert job["runs-on"] == "ubuntu-latest"
     steps = job["steps"]
     kvm = next(i for i, s in enumerate(steps) if "99-kvm4all.rules" in s.get("run", ""))
     order = [
+        "install",
+        "image",
         "metadata-original",
         "kind-create",
         "metadata-startup",
         "conformance",
         "kind-delete",
         "metadata-final",
+        "summary",
     ]
     index = [actions.step_index(job, step_id) for step_id in order]
-    assert kvm < index[0] and index == sorted(index), "udev rule, snapshot, create, ... final"
-    run = {step_id: actions.step_by_id(job, step_id)["run"] for step_id in order}
-    assert run["metadata-original"] == "bash .github/scripts/kvm-metadata.sh original"
-    assert run["metadata-startup"] == "bash .github/scripts/kvm-metadata.sh startup"
-    assert run["metadata-final"] == "bash .github/scripts/kvm-metadata.sh final"
-    assert "--config kind/cluster.yaml" in run["kind-create"]
-    assert '--image "$KIND_NODE_IMAGE"' in run["kind-create"]
-    assert run["conformance"].startswith("nox -s conformance-kind -- ")
-    assert "--existing-cluster" in run["conformance"], (
-        "the workflow makes and deletes the cluster itself"
-    )
-    assert '--image "$PLUGIN_IMAGE"' in run["conformance"]
-    assert actions.step_index(job, "image") < index[0], "built before the original snapshot"
-    assert not workflow["env"]["PLUGIN_IMAGE"].endswith(":latest")
-    assert 'kind delete cluster --name "$KIND_CLUSTER"' in run["kind-delete"]
-    install = next(s["run"] for s in steps if "go install" in s.get("run", ""))
-    assert 'go install "sigs.k8s.io/kind@${KIND_VERSION}"' in install
+    assert index == sorted(index), "install, image, snapshot, create, ... final, summary"
+    assert index[1] < kvm < index[2], "the image is loaded, then the udev rule, then the snapshot"
+    phases = {"metadata-original": "original", "metadata-startup": "startup",
+              "metadata-final": "final", "kind-create": "create", "kind-delete": "delete",
+              "conformance": "run"}  # fmt: skip
+    # Every run step but the udev rule is one phase of the script, which runs off a runner too.
+    for step_id in order:
+        assert actions.step_by_id(job, step_id)["run"] == SCRIPT + phases.get(step_id, step_id)
+    assert job["env"]["HVCONFORM_SUITE"] == "${{ github.workspace }}/.hvconform-suite"
+    suite = [s for s in steps if s.get("with", {}).get("path") == ".hvconform-suite"]
+    assert len(suite) == 1 and suite[0]["with"]["ref"] == "${{ inputs.suite-ref }}"
     # the kind this repository pins (kindbin, `nox -s kind-image`): one version everywhere
-    assert workflow["env"]["KIND_VERSION"] == KIND_VERSION
-    assert re.fullmatch(
-        r"kindest/node:v[\d.]+@sha256:[0-9a-f]{64}", workflow["env"]["KIND_NODE_IMAGE"]
+    assert job["env"]["KIND_VERSION"] == KIND_VERSION
+    assert job["env"]["KIND_NODE_IMAGE"] == "${{ inputs.node-image }}"
+    assert job["env"]["KUBERNETES_VERSION"] == "${{ inputs.kubernetes-version }}"
+
+
+def test_the_reusable_workflows_inputs_and_output() -> None:
+    call = actions.load(PLUGIN)["on"]["workflow_call"]
+    required = {k for k, v in call["inputs"].items() if v.get("required")}
+    assert required == {"plugin-image", "profile"}
+    assert set(call["inputs"]) == required | {
+        "plugin-image-artifact", "kubernetes-version", "node-image", "markers", "suite-repository",
+        "suite-ref", "report-name",
+    }  # fmt: skip
+    assert call["inputs"]["kubernetes-version"]["default"] == "v1.37"
+    assert call["outputs"]["report-artifact"]["value"] == (
+        "${{ jobs.conformance.outputs.report-artifact }}"
     )
+    job = plugin_job()
+    assert job["outputs"]["report-artifact"] == "${{ inputs.report-name }}"
+    uploads = [s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
+    assert uploads[0]["with"]["name"] == "${{ inputs.report-name }}"
+
+
+def test_this_repository_calls_it_for_its_own_plugin() -> None:
+    workflow = actions.load("conformance-kind.yml")
+    assert set(workflow["on"]) == {"push", "pull_request", "workflow_dispatch"}
+    image, kind = workflow["jobs"]["image"], workflow["jobs"]["kind"]
+    assert kind["uses"] == f"./.github/workflows/{PLUGIN}" and kind["needs"] == "image"
+    given = kind["with"]
+    profile = load_profile(actions.ROOT / given["profile"])
+    # the image built is the one the shipped profile deploys, and the one the call names
+    assert given["plugin-image"] == workflow["env"]["PLUGIN_IMAGE"] == profile.image
+    assert not given["plugin-image"].endswith(":latest")
+    build = actions.step_by_id(image, "image")["run"]
+    assert 'docker build -t "$PLUGIN_IMAGE"' in build and "docker save" in build
+    upload = [s for s in image["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
+    assert upload[0]["with"]["name"] == given["plugin-image-artifact"]
+    assert given["suite-ref"] == "${{ github.sha }}", "the suite of this very commit"
 
 
 def test_kind_final_check_always_runs_against_the_startup_outcome() -> None:
-    _, job = actions.only_job(actions.load("conformance-kind.yml"))
+    job = plugin_job()
     startup = actions.step_by_id(job, "metadata-startup")
-    assert startup["env"]["KIND_NODE"] == "${{ env.KIND_CLUSTER }}-control-plane"
     assert "if" not in startup, "startup runs only when the cluster was created"
     final = actions.step_by_id(job, "metadata-final")
     assert final["if"].startswith("always()")
@@ -135,7 +187,7 @@ def test_kind_final_check_always_runs_against_the_startup_outcome() -> None:
     assert actions.step_by_id(job, "kind-delete")["if"] == "always()"
 
 
-@pytest.mark.parametrize("name", ["conformance-kind.yml", "conformance-aks.yml"])
+@pytest.mark.parametrize("name", [PLUGIN, "conformance-aks.yml"])
 def test_reports_always_uploaded_and_summarised(name: str) -> None:
     _, job = actions.only_job(actions.load(name))
     steps = job["steps"]
@@ -143,10 +195,15 @@ def test_reports_always_uploaded_and_summarised(name: str) -> None:
     uploads = [s for s in steps if s.get("uses", "").startswith("actions/upload-artifact@")]
     report = [u for u in uploads if u["with"]["path"] == "reports/latest/"]
     assert len(report) == 1 and report[0]["if"] == "always()"
-    summary = [i for i, s in enumerate(steps) if "hvconform report" in s.get("run", "")]
+    summary = [
+        i for i, s in enumerate(steps)
+        if "hvconform report" in s.get("run", "") or s.get("run", "").endswith("kind.sh\" summary")
+    ]  # fmt: skip
     assert len(summary) == 1 and summary[0] > conformance
     assert steps[summary[0]]["if"] == "always()"
-    assert "GITHUB_STEP_SUMMARY" in steps[summary[0]]["run"]
+    script = (actions.SCRIPTS / "hvconform-kind.sh").read_text()
+    shown = steps[summary[0]]["run"] if name != PLUGIN else script
+    assert "GITHUB_STEP_SUMMARY" in shown
 
 
 def test_aks_is_manual_with_oidc_and_always_deletes_the_pool() -> None:
@@ -183,5 +240,6 @@ def test_aks_is_manual_with_oidc_and_always_deletes_the_pool() -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_every_script_a_step_calls_exists(name: str) -> None:
     for step in all_steps(name):
-        for script in re.findall(r"bash (\.github/scripts/\S+\.sh)", step.get("run", "")):
+        run = step.get("run", "").replace('"$HVCONFORM_SUITE/', "")
+        for script in re.findall(r"bash (\.github/scripts/[\w.-]+\.sh)", run):
             assert (actions.ROOT / script).is_file(), script

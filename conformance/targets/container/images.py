@@ -173,10 +173,13 @@ def requirements(repo: Path = REPO) -> list[str]:
     return ["pip", *project["build-system"]["requires"], *project["project"]["dependencies"]]
 
 
-def wheelhouse(cache_dir: Path, log: Log, repo: Path = REPO) -> Path:
+def wheelhouse(
+    cache_dir: Path, log: Log, repo: Path = REPO, reqs: Sequence[str] | None = None
+) -> Path:
     """Wheels of pip, the build backend and the dependencies, built on the host once per set of
-    requirements (the project's own wheel is made by the image's build stage)."""
-    reqs = requirements(repo)
+    requirements (the project's own wheel is made by the image's build stage); `reqs` instead of
+    requirements(repo) for an image that needs more (the suite's: the conformance extra)."""
+    reqs = list(reqs) if reqs is not None else requirements(repo)
     key = _sha(*(r.encode() for r in reqs))
     out = cache_dir / "wheelhouse" / key
     if (out / ".complete").exists():
@@ -246,14 +249,18 @@ def _build(
 
 
 def build_builder(
-    client: docker.DockerClient, base: BuiltImage, wheels: Path, log: Log
+    client: docker.DockerClient,
+    base: BuiltImage,
+    wheels: Path,
+    log: Log,
+    tag_prefix: str = "hv-build:",
 ) -> BuiltImage:
     """hv-build:<key>: the base, pip and the wheelhouse, pip pointed at it (no index)."""
     files = {f"wheels/{w.name}": w.read_bytes() for w in sorted(wheels.glob("*.whl"))}
     # Wheels are not byte-reproducible (zip timestamps): the key is the wheelhouse's own key,
     # i.e. the requirements, plus the wheel names (dependency versions).
     key_parts = {"wheelhouse": wheels.name.encode(), "wheels": "\n".join(sorted(files)).encode()}
-    return _build(client, "builder", "hv-build:", BUILDER_DOCKERFILE, files, base, log, key_parts)
+    return _build(client, "builder", tag_prefix, BUILDER_DOCKERFILE, files, base, log, key_parts)
 
 
 def build_plugin(

@@ -1,19 +1,23 @@
-"""Run .github/workflows/conformance-kind.yml's `run:` steps here, in the workflow's order, with
-the workflow's env: what CI does is what ran on this machine (issue 19).
+"""Run the KIND workflow's `run:` steps here, in the workflow's order, with the workflow's env:
+what CI does is what ran on this machine (issue 19). The steps are the reusable workflow's
+(.github/workflows/hvconform-plugin.yml), with the inputs .github/workflows/conformance-kind.yml
+calls it with (`${{ inputs.X }}`).
 
     python -m conformance.targets.kindnode.workflow [--env KEY=VALUE ...] [--json FILE]
 
 GitHub's runner is imitated as far as the steps read it: a bash shell (-eo pipefail) in the
 repository, RUNNER_TEMP, GITHUB_SHA, GITHUB_PATH/GITHUB_ENV (read back after every step),
 GITHUB_STEP_SUMMARY, `if:` conditions of the forms the workflow uses (always(), success(),
-steps.ID.outcome == '...'), `${{ env.X }}`, `${{ steps.X.outcome }}`, `${{ runner.temp }}` and
+steps.ID.outcome == '...'), `${{ env.X }}`, `${{ steps.X.outcome }}`, `${{ runner.temp }}`,
+`${{ inputs.X }}`, `${{ github.workspace }}` and
 timeout-minutes. `uses:` steps are GitHub actions: listed, not run (checkout: this checkout;
 setup-python: a venv of its own first on PATH; setup-go: the machine's go; upload-artifact: the
 files stay where the steps wrote them). Three things differ here, each named in the output:
 
 - KIND_NODE_IMAGE is the offline image of `nox -s kind-image` (kindest/node cannot be pulled);
-- "Build the plugin image" (a registry base) is replaced by the offline build of `nox -s image`,
-  tagged $PLUGIN_IMAGE in the kind engine;
+- "Load the plugin image" (the caller's job built it on a registry base) is replaced by the
+  offline build of `nox -s image`, tagged $PLUGIN_IMAGE in the kind engine, with the guest image
+  beside it (named to later steps as HV_GUEST_IMAGE, through GITHUB_ENV);
 - "Enable KVM for the runner user" is skipped: its udev rule makes /dev/kvm 0666, and this
   machine's /dev/kvm must stay as it is (its steps run as root, which needs no rule).
 
@@ -51,14 +55,19 @@ from conformance.targets.kindnode.engine import (
 from conformance.targets.realnode import REPO
 from conformance.targets.realnode.node_images import build_images
 
-WORKFLOW = REPO / ".github" / "workflows" / "conformance-kind.yml"
-JOB = "kind"
+WORKFLOW = REPO / ".github" / "workflows" / "hvconform-plugin.yml"
+JOB = "conformance"
+CALLER = REPO / ".github" / "workflows" / "conformance-kind.yml"
+CALLER_JOB = "kind"
 SKIPPED = {
     "Enable KVM for the runner user": "its udev rule would make /dev/kvm 0666; this machine's "
     "/dev/kvm stays 600 root:root, and the steps run as root",
 }
-REPLACED = {"Build the plugin image": "offline build (nox -s image), tagged $PLUGIN_IMAGE"}
-OVERRIDES = {"KIND_NODE_IMAGE": NODE_IMAGE}
+REPLACED = {
+    "Load the plugin image": "offline build (nox -s image), tagged $PLUGIN_IMAGE, and the guest"
+}
+# The suite's checkout is this one (the checkout action is not run here).
+OVERRIDES = {"KIND_NODE_IMAGE": NODE_IMAGE, "HVCONFORM_SUITE": str(REPO)}
 _EXPR = re.compile(r"\$\{\{\s*([^}]+?)\s*\}\}")
 _OUTCOME = re.compile(r"steps\.([\w-]+)\.outcome\s*==\s*'(\w+)'")
 
@@ -73,11 +82,28 @@ class StepResult:
     note: str = ""
 
 
-def expand(text: str, env: dict[str, str], outcomes: dict[str, str]) -> str:
+def call_inputs(env: dict[str, str]) -> dict[str, str]:
+    """The reusable workflow's inputs as the caller gives them, over their defaults."""
+    called = yaml.safe_load(WORKFLOW.read_text())
+    on = called.get("on", called.get(True, {}))
+    declared = on["workflow_call"]["inputs"]
+    given = yaml.safe_load(CALLER.read_text())["jobs"][CALLER_JOB].get("with", {})
+    out = {k: str(v.get("default", "")) for k, v in declared.items()}
+    out.update({k: expand(str(v), env, {}) for k, v in given.items()})
+    return out
+
+
+def expand(
+    text: str, env: dict[str, str], outcomes: dict[str, str], inputs: dict[str, str] | None = None
+) -> str:
     def one(match: re.Match[str]) -> str:
         expr = match.group(1)
         if expr.startswith("env."):
             return env.get(expr[4:], "")
+        if expr.startswith("inputs.") and inputs is not None and expr[7:] in inputs:
+            return inputs[expr[7:]]
+        if expr == "github.workspace":
+            return env["GITHUB_WORKSPACE"]
         if m := re.fullmatch(r"steps\.([\w-]+)\.outcome", expr):
             return outcomes.get(m.group(1), "")
         if expr == "runner.temp":
@@ -110,16 +136,20 @@ def should_run(condition: str, failed: bool, outcomes: dict[str, str]) -> bool:
     return ok if "always()" in terms else ok and not failed
 
 
-def plugin_image(tag: str, engine: DockerEngine) -> None:
-    """The replacement of "Build the plugin image": `nox -s image`'s build, tagged `tag`."""
-    built = build_images()["plugin"]
+def plugin_image(tag: str, engine: DockerEngine, github_env: Path) -> None:
+    """The replacement of "Load the plugin image": `nox -s image`'s build, tagged `tag`, and its
+    guest image, named to the later steps as HV_GUEST_IMAGE (the step's GITHUB_ENV)."""
+    built = build_images()
     with DockerEngine(what="workflow plugin image") as suite_engine:
-        copy_image(built, suite_engine, engine)
+        copy_image(built["plugin"], suite_engine, engine)
+        copy_image(built["guest"], suite_engine, engine)
     client = engine.client(timeout=120)
     try:
-        client.images.get(built).tag(*tag.rsplit(":", 1))
+        client.images.get(built["plugin"]).tag(*tag.rsplit(":", 1))
     finally:
         client.close()
+    with github_env.open("a") as fh:
+        fh.write(f"HV_GUEST_IMAGE={built['guest']}\n")
 
 
 def _read_files(env: dict[str, str]) -> None:
@@ -138,6 +168,7 @@ def run_steps(
     env: dict[str, str],
     replace: Callable[[str, dict[str, str]], None],
     log: Callable[[StepResult], None],
+    inputs: dict[str, str] | None = None,
 ) -> list[StepResult]:
     results: list[StepResult] = []
     outcomes: dict[str, str] = {}
@@ -151,7 +182,7 @@ def run_steps(
         elif not should_run(str(step.get("if", "")), failed, outcomes):
             result = StepResult(name, sid, "not-run", "skipped", 0.0, f"if: {step.get('if', '')}")
         else:
-            step_env = {**env, **{k: expand(str(v), env, outcomes)
+            step_env = {**env, **{k: expand(str(v), env, outcomes, inputs)
                                   for k, v in step.get("env", {}).items()}}  # fmt: skip
             t0 = time.monotonic()
             outcome, note = "success", ""
@@ -161,7 +192,7 @@ def run_steps(
                     how, note = "replaced", REPLACED[name]
                 else:
                     how = "ran"
-                    script = expand(str(step["run"]), env, outcomes)
+                    script = expand(str(step["run"]), env, outcomes, inputs)
                     timeout = float(step.get("timeout-minutes", 360)) * 60
                     argv = ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script]
                     rc = subprocess.run(argv, cwd=REPO, env=step_env, timeout=timeout).returncode
@@ -192,7 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     extra = dict(item.split("=", 1) for item in args.env if "=" in item)
     workflow = yaml.safe_load(WORKFLOW.read_text())
-    steps = workflow["jobs"][JOB]["steps"]
+    job = workflow["jobs"][JOB]
+    steps = job["steps"]
     t0 = time.monotonic()
     engine = kind_engine("kind-workflow")
     host = engine.acquire()
@@ -209,8 +241,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             env = {
                 **os.environ,
                 **{k: str(v) for k, v in workflow.get("env", {}).items()},
-                **OVERRIDES,
-                **extra,
                 "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
                 "DOCKER_HOST": host,
                 "KUBECONFIG": str(temp / "kubeconfig"),
@@ -227,6 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 **_go_caches(),
                 "GOPATH": str(temp / "gopath"),
             }
+            inputs = call_inputs(env)
+            # the job's env, its expressions filled in (inputs, github.workspace), then ours
+            env.update({k: expand(str(v), env, {}, inputs) for k, v in job.get("env", {}).items()})
+            env.update({**OVERRIDES, **extra})
             (temp / "runner").mkdir()
             before, kvm_before = inventory(engine), device_metadata()
             print(json.dumps({"event": "workflow", "workflow": str(WORKFLOW.relative_to(REPO)),
@@ -234,8 +268,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = run_steps(
                 steps,
                 env,
-                lambda name, step_env: plugin_image(step_env["PLUGIN_IMAGE"], engine),
+                lambda name, step_env: plugin_image(
+                    step_env["PLUGIN_IMAGE"], engine, Path(step_env["GITHUB_ENV"])
+                ),
                 lambda r: print(json.dumps({"event": "step", **asdict(r)}), flush=True),
+                inputs,
             )
             kubeconfig = Path(env["KUBECONFIG"])
             kube_left = kubeconfig.exists() and env["KIND_CLUSTER"] in kubeconfig.read_text()
