@@ -63,6 +63,10 @@ def _cluster_options(
 ) -> tuple[ClusterOptions | None, int | None]:
     """Validate cluster options; print the plan for --dry-run. Returns (options, exit code)."""
     if not TARGETS[ns.target].cluster:
+        if ns.values_for or ns.values_files:
+            print(f"hvconform: --values-for and --values are for the cluster targets, not "
+                  f"--target {ns.target}", file=sys.stderr)  # fmt: skip
+            return None, 2
         if ns.dry_run:
             clusters = "|".join(name for name, t in TARGETS.items() if t.cluster)
             print(f"hvconform: --dry-run is for --target {clusters}", file=sys.stderr)
@@ -92,6 +96,8 @@ def _cluster_options(
             node_access=ns.node_access,
             allow_node_reboot=ns.allow_node_reboot,
             allow_objects=tuple(ns.allow_objects),
+            values_for=ns.values_for,
+            values_files=tuple(ns.values_files),
             **({"diag_image": ns.diag_image} if ns.diag_image else {}),
         ).validate()
         if not ns.dry_run:

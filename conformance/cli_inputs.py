@@ -143,3 +143,26 @@ def exit_without_results(pytest_code: int) -> int:
     """pytest stopped before results.json existed: its usage error (4) is bad input (pytest
     arguments after --); anything else means the suite broke before it could report."""
     return EXIT_BAD_INPUT if _PYTEST.get(pytest_code) == EXIT_BAD_INPUT else EXIT_SUITE_BROKE
+
+
+def values_key_arg(raw: str) -> str:
+    """An argparse `type` for --values-for: a per-target key a profile may name."""
+    from conformance.contract.deploy import values_key_problem
+
+    if raw and (problem := values_key_problem(raw)):
+        raise argparse.ArgumentTypeError(problem)
+    return raw
+
+
+def values_file_arg(raw: str) -> str:
+    """An argparse `type` for --values: a YAML mapping in a regular file, read by the strict
+    loader (size caps, no aliases bombs, no duplicate keys); its absolute path."""
+    from conformance.contract.safeyaml import MAX_FILE_BYTES, UnsafeInput, load_strict, read_bounded
+
+    try:
+        data = load_strict(read_bounded(raw, MAX_FILE_BYTES), raw)
+    except UnsafeInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if data is not None and not isinstance(data, dict):
+        raise argparse.ArgumentTypeError(f"{raw}: want a mapping of chart values")
+    return str(Path(raw).resolve())

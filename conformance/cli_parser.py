@@ -121,6 +121,26 @@ def build_parser(cmd_run: Callable[[argparse.Namespace], int]) -> argparse.Argum
         "not_applicable there. kind and aks nodes the run creates are always rebooted",
     )
     run.add_argument(
+        "--values-for",
+        default="",
+        metavar="KEY",
+        type=inputs.values_key_arg,
+        help="cluster/kind/aks: render the plugin with this key of its profile's per-target "
+        "values (or manifests) instead of the target's own: a key of the profile's for a "
+        "cluster of another kind (openshift, k3s, ...), so any conformant cluster is certified "
+        "with --target cluster and its own values, no new target",
+    )
+    run.add_argument(
+        "--values",
+        dest="values_files",
+        action="append",
+        default=[],
+        metavar="FILE",
+        type=inputs.values_file_arg,
+        help="cluster/kind/aks: a Helm values file of yours, on top of the profile's (a chart "
+        "profile only; repeatable, later wins); read once, strictly, before anything runs",
+    )
+    run.add_argument(
         "--allow-object",
         dest="allow_objects",
         action="append",

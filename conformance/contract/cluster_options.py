@@ -52,7 +52,11 @@ class ClusterOptions:
     # node-reboot removes every pod sandbox of the node: on a cluster the run did not create,
     # only when the user opts in (--allow-node-reboot); kind's and AKS's own nodes always
     allow_node_reboot: bool = False
-    manifests: str = ""  # which chart values the plugin is rendered with (default per target)
+    # Which of the profile's per-target values (or manifests) to render: its own key for a
+    # cluster of another kind (openshift, k3s, ...); empty: the target's (-mshv for MSHV).
+    values_for: str = ""
+    # values files of the user's on top of the profile's (a chart profile only), in order
+    values_files: tuple[str, ...] = ()
     # profile objects wider than a plugin's deploy that the user named (--allow-object KIND/NAME)
     allow_objects: tuple[str, ...] = ()
     # aks
@@ -88,17 +92,6 @@ class ClusterOptions:
         [-A-Za-z0-9_.], alphanumeric at both ends); `hvconform cleanup --run-id` takes it."""
         value = re.sub(r"[^A-Za-z0-9_.-]", "-", self.run_id)[-63:]
         return value.strip("-_.") or "run"
-
-    @property
-    def manifest_target(self) -> str:
-        """The name conformance.manifests renders for: kind, aks or aks-mshv."""
-        if self.manifests:
-            return self.manifests
-        if self.target == "cluster":
-            return "kind" if self.hypervisor == "kvm" else "aks-mshv"
-        if self.target == "aks" and self.hypervisor == "mshv":
-            return "aks-mshv"
-        return self.target
 
     @property
     def device(self) -> str:
@@ -152,7 +145,7 @@ class ClusterOptions:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ClusterOptions:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        for key in ("nodes", "allow_objects"):
+        for key in ("nodes", "allow_objects", "values_files"):
             if key in known:
                 known[key] = tuple(known[key])
         return cls(**known)

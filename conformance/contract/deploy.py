@@ -30,6 +30,21 @@ _LABEL_KEY = re.compile(
 _LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 # Keys a chart's `values` map may use: a target name, or "*" for every target without its own.
 VALUES_KEYS = ("*", "kind", "aks", "aks-mshv", "cluster", "cluster-mshv", "node", "local")
+# Beside the targets' own keys (VALUES_KEYS, chosen by default), a profile may name its own for
+# clusters of its kind (openshift, k3s, ...): a run picks one with --values-for.
+_OWN_KEY = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")
+
+
+def values_key_problem(key: object) -> str | None:
+    """Why `key` cannot name a per-target values (or manifests) entry; None when it can."""
+    if isinstance(key, str) and (key in VALUES_KEYS or _OWN_KEY.fullmatch(key)):
+        return None
+    return (
+        f"key {key!r:.40} is neither a target's ({', '.join(VALUES_KEYS)}) nor a name of your "
+        "own (a-z, 0-9 and '-', at most 40; chosen with --values-for)"
+    )
+
+
 _DEPLOY_KEYS = {"image", "chart", "manifests", "pods"}
 _CHART_KEYS = {"path", "values", "set"}
 _POD_KEYS = {"namespace", "labels", "container"}
@@ -89,6 +104,10 @@ class Deploy:
 
     def manifests_for(self, target: str) -> tuple[str, ...]:
         return self.manifests.get(target, self.manifests.get("*", ()))
+
+    def keys(self) -> tuple[str, ...]:
+        """The per-target keys the profile names: its chart's values map, or its manifests."""
+        return tuple(self.chart.values if self.chart is not None else self.manifests)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -184,10 +203,8 @@ def _chart(value: Any, where: str, base: Path) -> Chart:
         raise ProfileError(f"{where}.values: want a mapping of target name to values files")
     values: dict[str, tuple[str, ...]] = {}
     for key, files in raw.items():
-        if key not in VALUES_KEYS:
-            raise ProfileError(
-                f"{where}.values: key {key!r:.40} is not one of {', '.join(VALUES_KEYS)}"
-            )
+        if problem := values_key_problem(key):
+            raise ProfileError(f"{where}.values: {problem}")
         if not isinstance(files, list) or len(files) > MAX_FILES:
             raise ProfileError(f"{where}.values.{key}: want a list of at most {MAX_FILES} files")
         values[key] = tuple(
@@ -221,8 +238,8 @@ def parse_deploy(value: Any, where: str, base: Path) -> Deploy | None:
         by_target = raw if isinstance(raw, dict) else {"*": raw}
         for key, listed in by_target.items():
             at = f"{where}.manifests" + ("" if raw is listed else f".{key}")
-            if key not in VALUES_KEYS:
-                raise ProfileError(f"{at}: key {key!r:.40} is not one of {', '.join(VALUES_KEYS)}")
+            if problem := values_key_problem(key):
+                raise ProfileError(f"{at}: {problem}")
             if not isinstance(listed, list) or not listed or len(listed) > MAX_FILES:
                 raise ProfileError(f"{at}: want a list of 1..{MAX_FILES} files")
             files[key] = tuple(_file(f, f"{at}[{i}]", base) for i, f in enumerate(listed))

@@ -13,6 +13,7 @@ Node selection and the pool toleration are the cluster targets' own wiring (work
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,14 +94,22 @@ def plugin_workload(objects: list[Obj], deploy: Deploy) -> tuple[Obj, Obj]:
     )
 
 
-def render_deploy(deploy: Deploy, target: str, *, namespace: str, image: str = "") -> Rendered:
-    """The profile's objects for `target` in `namespace`, with the plugin image overridden."""
+def render_deploy(
+    deploy: Deploy,
+    target: str,
+    *,
+    namespace: str,
+    image: str = "",
+    extra_values: Sequence[str] = (),
+) -> Rendered:
+    """The profile's objects for `target` (a per-target key) in `namespace`, with the plugin
+    image overridden; `extra_values`: the user's values files on top of the profile's."""
     if deploy.chart is not None:
         chart = deploy.chart
         try:
             text = template(
                 namespace,
-                [Path(f) for f in chart.values_for(target)],
+                [Path(f) for f in (*chart.values_for(target), *extra_values)],
                 dict(chart.set),
                 chart=Path(chart.path),
             )

@@ -19,7 +19,7 @@ from conformance.contract.results import EnvironmentBlocked, NotApplicable
 from conformance.targets import build_plan
 from conformance.targets.cluster.aks import AksLifecycle
 from conformance.targets.cluster.lifecycle import CleanupIncomplete, Terminated
-from conformance.targets.cluster.run import open_cluster
+from conformance.targets.cluster.run import open_cluster, values_key
 from tests.targets.conftest import Recorded, contract_options, recorded_objects
 from tests.targets.test_kind_contract import planned_commands
 
@@ -184,7 +184,7 @@ def test_mshv_pool_uses_azure_linux_kata_and_declares_no_guest(recorded: Recorde
     ds = next(
         r for r in recorded.kube.requests if r.startswith("POST") and r.endswith("/daemonsets")
     )
-    assert ds and options.manifest_target == "aks-mshv"
+    assert ds and values_key(options) == "aks-mshv"
 
 
 @AKS

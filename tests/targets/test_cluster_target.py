@@ -41,7 +41,7 @@ def test_the_shipped_profile_applies_what_hvconform_manifests_prints(tmp_path: P
     o = options(workdir=str(tmp_path))
     lifecycle = ExistingLifecycle(o)
     printed = subprocess.run(
-        [sys.executable, "-m", "conformance.cli", "manifests", "--target", o.manifest_target,
+        [sys.executable, "-m", "conformance.cli", "manifests", "--target", "kind",
          "--image", o.image, "--namespace", o.plugin_namespace],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip

@@ -16,6 +16,7 @@ from conformance.contract.plugin import resolve as resolve_plugin
 from conformance.contract.runcontext import RunContext
 from conformance.targets import build_plan
 from conformance.targets.cluster.plan import ClusterOptions, render_plan
+from conformance.targets.cluster.run import values_key
 from tests.targets.conftest import RUN_ID, recorded_objects
 
 PLANS = Path(__file__).resolve().parents[2] / "fixtures" / "plans"
@@ -91,9 +92,7 @@ def test_options_travel_typed_in_the_run_context(tmp_path: Path) -> None:
     ctx = RunContext("r", str(tmp_path), "aks", "process", resolve_plugin(), cluster=options)
     back = runcontext.read(ctx.write())
     assert back == ctx and back.cluster == options
-    assert (
-        options.manifest_target == "aks-mshv" and options.plugin_namespace == "hvconform-c0ffee01"
-    )
+    assert values_key(options) == "aks-mshv" and options.plugin_namespace == "hvconform-c0ffee01"
 
 
 def test_plan_with_the_real_manifests_renderer() -> None:

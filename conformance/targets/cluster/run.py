@@ -69,8 +69,9 @@ def cluster_options(ctx: RunContext, target: str) -> ClusterOptions:
 
 
 def values_key(options: ClusterOptions) -> str:
-    """Which of a chart's per-target values files a run uses: the target, -mshv for MSHV."""
-    return options.target + ("-mshv" if options.hypervisor == "mshv" else "")
+    """Which of a profile's per-target values (or manifests) a run renders: --values-for, else
+    the target, -mshv for MSHV."""
+    return options.values_for or options.target + ("-mshv" if options.hypervisor == "mshv" else "")
 
 
 def render_objects(
@@ -84,8 +85,23 @@ def render_objects(
             f"deploy: the profile of {plugin.name!r} ({plugin.source}) has no deploy section; "
             f"the {options.target} target runs a plugin from its image and its objects"
         )
+    keys = plugin.deploy.keys()
+    if options.values_for and options.values_for not in keys:
+        raise Unhonoured(
+            f"--values-for {options.values_for}: the profile of {plugin.name!r} names no such "
+            f"key (it has: {', '.join(keys) or 'none'})"
+        )
+    if options.values_files and plugin.deploy.chart is None:
+        raise Unhonoured(
+            f"--values: the profile of {plugin.name!r} deploys manifest files, not a chart; "
+            "values files apply to a chart"
+        )
     rendered = render_deploy(
-        plugin.deploy, values_key(options), namespace=options.plugin_namespace, image=options.image
+        plugin.deploy,
+        values_key(options),
+        namespace=options.plugin_namespace,
+        image=options.image,
+        extra_values=options.values_files,
     )
     try:
         gated = gate(
@@ -314,6 +330,10 @@ def plan_of(lifecycle: ClusterLifecycle, title: str) -> str:
     plugin = lifecycle.plugin
     head = [f"# plugin under test: {plugin.name} ({plugin.source})"]
     head += [f"# {note}" for note in lifecycle.deploy_notes]
+    options = lifecycle.options
+    chosen = " (--values-for)" if options.values_for else ""
+    head.append(f"# rendered with the profile's values key {values_key(options)}{chosen}")
+    head += [f"# values of yours on top (--values): {path}" for path in options.values_files]
     scoped = ", ".join(lifecycle.cluster_scoped) or "none"
     head.append(f"# cluster-scoped objects of the profile: {scoped}")
     head += [f"# opted in (--allow-object): {line}" for line in lifecycle.opted_in]
