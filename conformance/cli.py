@@ -274,7 +274,15 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser(cmd_run).parse_args(list(sys.argv[1:] if argv is None else argv))
-    code: int = ns.func(ns)
+    try:
+        code: int = ns.func(ns)
+        sys.stdout.flush()  # here, not at the interpreter's exit, where it could not be caught
+    except BrokenPipeError:
+        # `hvconform profile check P | head`: the reader left; what it took was the point.
+        # stdout is pointed at /dev/null so the interpreter's own final flush cannot raise too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     return code
 
 

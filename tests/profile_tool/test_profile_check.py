@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.profile_tool.test_profile_init import GO_KVM, ROOT, daemonset, hvconform
@@ -80,3 +83,26 @@ def test_an_unloadable_profile_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2 and done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "want a mapping" in lines[0] and "Traceback" not in done.stderr
+
+
+def test_a_reader_that_leaves_gets_no_traceback() -> None:
+    """`hvconform profile check P | head -1`: the pipe closes under the writer (here before
+    it writes at all, so the write always meets a closed pipe)."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte
+    argv = [
+        sys.executable,
+        "-m",
+        "conformance.cli",
+        "profile",
+        "check",
+        str(GO_KVM / "profile.yaml"),
+    ]
+    try:
+        done = subprocess.run(argv, stdout=write, capture_output=False, stderr=subprocess.PIPE,
+                              timeout=120, check=False, cwd=ROOT)  # fmt: skip
+    finally:
+        os.close(write)
+    err = done.stderr.decode()
+    assert done.returncode == 1, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
