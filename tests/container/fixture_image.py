@@ -19,12 +19,16 @@ import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import docker
 
 from conformance.contract.plugin import load_profile
 from conformance.targets.container.images import CACHE_DIR, KEY_LABEL
 from tests.fixture_plugins import GO_KVM_DIR, build_go_kvm
+
+if TYPE_CHECKING:
+    from conformance.targets.container.engine import DockerEngine
 
 PROFILE = GO_KVM_DIR / "profile.yaml"
 BINARY_AT = "usr/local/bin/go-kvm"
@@ -86,15 +90,25 @@ def ensure_go_kvm_image(client: docker.DockerClient) -> FixtureImage:
         return FixtureImage(ref, str(new.id), key, False)
 
 
-def main() -> int:
+def ensure_in_engine(engine: DockerEngine) -> FixtureImage:
+    """ensure_go_kvm_image in the suite's engine (started by the caller)."""
+    client = engine.client(timeout=300)
+    try:
+        return ensure_go_kvm_image(client)
+    finally:
+        client.close()
+
+
+def ensure_in_suite_engine() -> FixtureImage:
+    """ensure_go_kvm_image in the suite's engine, started and released here."""
     from conformance.targets.container.engine import DockerEngine
 
     with DockerEngine(what="fixture image") as engine:
-        client = engine.client(timeout=300)
-        try:
-            image = ensure_go_kvm_image(client)
-        finally:
-            client.close()
+        return ensure_in_engine(engine)
+
+
+def main() -> int:
+    image = ensure_in_suite_engine()
     state = "cached" if image.cached else "imported"
     print(f"{image.tag} {image.id[:19]} (content {image.key}, {state})")
     return 0

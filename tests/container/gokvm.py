@@ -24,6 +24,19 @@ from tests.fixture_plugins import GO_KVM_DIR
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = GO_KVM_DIR / "profile.yaml"
 DEFECT = "GOKVM_DEFECT"
+# The never-back-after-stream-lost mutant on a cluster target: what runs and what each check
+# must end as (the checks after stream-lost blocked by it, never failed: issue 35).
+NEVER_BACK_SELECTION = "cdi-missing or stream-lost or restart-plugin or restart-kubelet or rollout"
+NEVER_BACK_VERDICTS = {
+    "cdi-missing": "passed",  # before the stream is lost the mutant is fine
+    "stream-lost": "failed",  # its own verdict
+    "restart-plugin": "blocked",
+    "restart-kubelet": "blocked",
+    "rollout-safety": "blocked",
+    "metadata-two-phase": "passed",
+    "plugin-identity": "passed",
+    "cleanup": "passed",
+}
 
 
 def variant_profile(tmp_path: Path, defect: str = "", base: Path = PROFILE) -> Path:

@@ -26,7 +26,7 @@ import pytest
 from conformance.contract.results import validate_results
 from conformance.targets.cluster import kindbin
 from conformance.targets.kindnode import NODE_IMAGE
-from tests.container.gokvm import variant_profile
+from tests.container.gokvm import NEVER_BACK_SELECTION, NEVER_BACK_VERDICTS, variant_profile
 from tests.fixture_plugins import GO_KVM_DIR
 from tests.kindnode.live import ROOT, serial
 from tests.kindnode.live import kvm as _kvm
@@ -40,16 +40,12 @@ def go_kvm(engine: dict[str, Any]) -> str:
     """go-kvm's image (built offline from its binary) copied into the kind engine."""
     from conformance.targets.container.engine import DockerEngine
     from conformance.targets.kindnode.engine import copy_image
-    from tests.container.fixture_image import ensure_go_kvm_image
+    from tests.container.fixture_image import ensure_in_engine
     from tests.fixture_plugins import build_go_kvm
 
     build_go_kvm()
     with DockerEngine(what="tests/kindnode go-kvm") as suite_engine:
-        client = suite_engine.client(timeout=300)
-        try:
-            tag = ensure_go_kvm_image(client).tag
-        finally:
-            client.close()
+        tag = ensure_in_engine(suite_engine).tag
         copy_image(tag, suite_engine, engine["engine"])
     return tag
 
@@ -109,19 +105,9 @@ def test_a_plugin_that_never_recovers_leaves_the_rest_blocked(
     tmp_path: Path, engine: dict[str, Any], go_kvm: str
 ) -> None:
     profile = variant_profile(tmp_path, "never-back-after-stream-lost", base=EXEC_PROFILE)
-    selection = "cdi-missing or stream-lost or restart-plugin or restart-kubelet or rollout"
     data = _run(engine, tmp_path / "out", "--plugin-profile", str(profile),
-                "--recovery-timeout", "20", "--", "-k", selection)  # fmt: skip
-    assert _statuses(data) == {
-        "cdi-missing": "passed",
-        "stream-lost": "failed",
-        "restart-plugin": "blocked",
-        "restart-kubelet": "blocked",
-        "rollout-safety": "blocked",
-        "metadata-two-phase": "passed",
-        "plugin-identity": "passed",
-        "cleanup": "passed",
-    }, data["_output"]
+                "--recovery-timeout", "20", "--", "-k", NEVER_BACK_SELECTION)  # fmt: skip
+    assert _statuses(data) == NEVER_BACK_VERDICTS, data["_output"]
     for check in data["checks"]:
         if check["status"] == "blocked":
             assert "stream-lost left the node dirty" in check["reason"], check["reason"]

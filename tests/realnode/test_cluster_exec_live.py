@@ -27,7 +27,7 @@ import pytest
 
 from conformance.contract.results import validate_results
 from conformance.targets.realnode import NODE_NAME
-from tests.container.gokvm import variant_profile
+from tests.container.gokvm import NEVER_BACK_SELECTION, NEVER_BACK_VERDICTS, variant_profile
 from tests.fixture_plugins import GO_KVM_DIR
 from tests.realnode.live_runs import cluster_mode_nodes
 
@@ -44,17 +44,11 @@ def cluster() -> Iterator[dict[str, str]]:
     if not os.environ.get("HV_EXEC_PROBES_LIVE"):
         pytest.skip("runs in `nox -s exec-probes-live` (HV_EXEC_PROBES_LIVE=1): apart from "
                     "`tests` for CI's time")  # fmt: skip
-    from conformance.targets.container.engine import DockerEngine
     from conformance.targets.realnode import node_images
-    from tests.container.fixture_image import ensure_go_kvm_image
+    from tests.container.fixture_image import ensure_in_suite_engine
 
     with cluster_mode_nodes(1) as made:
-        with DockerEngine(what="fixture image") as engine:
-            client = engine.client(timeout=300)
-            try:
-                image = ensure_go_kvm_image(client)
-            finally:
-                client.close()
+        image = ensure_in_suite_engine()
         node_images.load([image.tag])
         yield made
 
@@ -96,20 +90,10 @@ def test_a_plugin_that_never_recovers_leaves_the_rest_blocked(
     cluster: dict[str, str], tmp_path: Path
 ) -> None:
     profile = variant_profile(tmp_path, "never-back-after-stream-lost", base=EXEC_PROFILE)
-    selection = "cdi-missing or stream-lost or restart-plugin or restart-kubelet or rollout"
     run = _run(cluster, tmp_path / "mutant", profile, "--recovery-timeout", "20", "--", "-k",
-               selection)  # fmt: skip
+               NEVER_BACK_SELECTION)  # fmt: skip
     got = {c["id"]: c["status"] for c in run["checks"]}
-    assert got == {
-        "cdi-missing": "passed",  # before the stream is lost the mutant is fine
-        "stream-lost": "failed",  # its own verdict
-        "restart-plugin": "blocked",
-        "restart-kubelet": "blocked",
-        "rollout-safety": "blocked",
-        "metadata-two-phase": "passed",
-        "plugin-identity": "passed",
-        "cleanup": "passed",
-    }, run["_output"]
+    assert got == NEVER_BACK_VERDICTS, run["_output"]
     for check in run["checks"]:
         if check["status"] == "blocked":
             assert "stream-lost left the node dirty" in check["reason"], check["reason"]
