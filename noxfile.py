@@ -112,6 +112,7 @@ def tests(session: nox.Session) -> None:
         os.environ.get("HV_TEST_WORKERS", "auto"),
         "--dist",
         "loadfile",
+        "--durations=25",  # CI's time budget: the slowest, named in every log
         *session.posargs,
     )
 
