@@ -23,8 +23,7 @@ from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
 from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.runcontext import ENV_CONTEXT, RunContext
 from conformance.scenarios import CATALOGUE, CLEANUP
-from conformance.targets import TARGETS, plan_text
-from conformance.targets.cluster.kindbin import kind_facts
+from conformance.targets import TARGETS, announce, plan_text
 from conformance.targets.honour import refusal
 
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
@@ -115,11 +114,9 @@ def _cluster_options(
     hint = next((line for line in plan.splitlines() if "if the run is killed" in line), "")
     if hint:
         print(f"hvconform: {hint.lstrip('# ')}", flush=True)
-    if ns.target == "kind":
-        facts = kind_facts(options.node_image)
-        print(f"hvconform: kind {facts['kind']} ({facts['kind_version']}), "
-              f"node image {facts['node_image']}", flush=True)  # fmt: skip
-    ns.workers = "0"  # one cluster per run: serial
+    said = announce(ns.target, options)
+    if said:
+        print(f"hvconform: {said}", flush=True)
     return options, None
 
 
@@ -191,8 +188,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         return inputs.EXIT_BAD_INPUT
     if code is not None:
         return code
-    if ns.target == "node":
-        ns.workers = "0"  # one real node per machine: serial
+    if TARGETS[ns.target].serial:
+        ns.workers = "0"  # a cluster per run, one real node per machine
     problem = _output_problem(ns, root, out)
     if problem:
         print(f"hvconform: {problem}", file=sys.stderr)
@@ -239,7 +236,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     print(f"hvconform: run {run_id} on target {ns.target}; results in {out}", flush=True)
     # gRPC core's INFO lines (fork_posix "skipping fork() handlers") are noise on the console.
     env = {"GRPC_VERBOSITY": "ERROR", **os.environ, ENV_CONTEXT: str(context_path)}
-    if cluster is not None and cluster.target == "cluster" and len(cluster.nodes) > 1:
+    if cluster is not None and TARGETS[ns.target].pool and len(cluster.nodes) > 1:
         # a node pool: one suite process per node at once, the plugin deployed once for all
         return cluster_nodes.run(
             ctx, args, env, lambda d: _render_reports(d / "results.json", d, partial=False)

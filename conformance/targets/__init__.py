@@ -34,6 +34,14 @@ class Target:
     about: str  # one line for --help
     runtimes: tuple[str, ...] = ("process",)  # how the plugin and workloads run (first: default)
     cluster: bool = False  # the suite creates and deletes it: it has a --dry-run plan
+    # Traits the CLI and the suite act on, so that neither names a target:
+    serial: bool = False  # one node at a time (a cluster per run, one real node per machine)
+    # Who runs the host /dev/kvm two-phase check around the node: "suite" (the node's device
+    # is this machine's: the suite snapshots and checks it), "target" (its lifecycle runs the
+    # phases, e.g. kind takes the node's kvm group at startup), "none" (the device is not on
+    # this machine: AKS).
+    host_metadata: str = "suite"
+    pool: bool = False  # several --node at once: one suite process per node, one deploy
 
 
 # How a runtime other than the default is implemented (local target only).
@@ -49,10 +57,27 @@ TARGETS: dict[str, Target] = {
         "conformance.targets.cluster.existing",
         "an existing cluster (--kubeconfig, --node/--all-nodes): never created nor deleted",
         cluster=True,
+        serial=True,
+        host_metadata="target",
+        pool=True,
     ),
-    "kind": Target("conformance.targets.cluster.kind", "a throwaway KIND cluster", cluster=True),
-    "aks": Target("conformance.targets.cluster.aks", "a temporary AKS node pool", cluster=True),
-    "node": Target("conformance.targets.realnode.entry", "a real kubelet on this machine"),
+    "kind": Target(
+        "conformance.targets.cluster.kind",
+        "a throwaway KIND cluster",
+        cluster=True,
+        serial=True,
+        host_metadata="target",
+    ),
+    "aks": Target(
+        "conformance.targets.cluster.aks",
+        "a temporary AKS node pool",
+        cluster=True,
+        serial=True,
+        host_metadata="none",
+    ),
+    "node": Target(
+        "conformance.targets.realnode.entry", "a real kubelet on this machine", serial=True
+    ),
 }
 RUNTIMES: tuple[str, ...] = ("process", *RUNTIME_MODULES)
 
@@ -88,6 +113,13 @@ def open_target(
     module = module_for(ctx.target, ctx.runtime)
     opener: Callable[..., AbstractContextManager[Any]] = module.open_node
     return opener(ctx, worker=worker, metadata=metadata)
+
+
+def announce(name: str, options: Any) -> str:
+    """What a cluster family says before its run starts (kind: which kind binary and node
+    image), '' when it says nothing."""
+    hook: Callable[[Any], str] | None = getattr(cluster_module(name), "announce", None)
+    return hook(options) if hook is not None else ""
 
 
 def cluster_module(name: str) -> Any:

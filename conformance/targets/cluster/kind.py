@@ -292,6 +292,12 @@ class KindLifecycle(ClusterLifecycle):
         )
 
 
+def announce(options: ClusterOptions) -> str:
+    """Printed before the run: which kind binary and node image make the cluster."""
+    facts = kind_facts(options.node_image)
+    return f"kind {facts['kind']} ({facts['kind_version']}), node image {facts['node_image']}"
+
+
 def build_plan(
     options: ClusterOptions,
     objects: list[Obj] | None = None,
