@@ -114,3 +114,49 @@ def test_failures_are_one_line_errors(plugin: tuple[int, Path]) -> None:
         faults.run("c0ffee", "undo", str(root / "cdi"))  # nothing mounted there
     gone = KnownPid(2**22 + 1, ThisMachine())
     assert "setns from the node failed" in gone.probe("c0ffee")
+
+
+@pytest.fixture
+def own_dev(tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    """A process whose dev dir is a tmpfs of its own holding `kvm`, a bind of a file of the
+    host's (as a runtime gives a container /dev and a hostPath CharDevice mount)."""
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "hostkvm").write_text("the host's device\n")
+    setup = (
+        f'mount -t tmpfs -o size=64k hvt-dev "{tmp_path}/dev" && touch "{tmp_path}/dev/kvm" && '
+        f'mount --bind "{tmp_path}/hostkvm" "{tmp_path}/dev/kvm" && echo up && exec sleep 300'
+    )
+    proc = subprocess.Popen(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", setup], stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+    try:
+        yield proc.pid, tmp_path
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_the_plugins_own_device_mount_taken_away_and_back(own_dev: tuple[int, Path]) -> None:
+    pid, root = own_dev
+    faults = KnownPid(pid, ThisMachine())
+    assert faults.probe("c0ffee") == ""
+    device, view = root / "dev" / "kvm", Path(f"/proc/{pid}/root{root}/dev")
+    faults.run("c0ffee", "device-absent", str(device))
+    assert not (view / "kvm").exists(), "the plugin still sees its device"
+    assert (root / "hostkvm").read_text() == "the host's device\n"  # the host's, untouched
+    with pytest.raises(NodeAccessError, match="absent already"):
+        faults.run("c0ffee", "device-absent", str(device))
+    faults.run("c0ffee", "device-present", str(device))
+    assert (view / "kvm").read_text() == "the host's device\n"  # the same bind, back
+    assert sorted(p.name for p in view.iterdir()) == ["kvm"], "a stash was left"
+    assert mounts_at(pid, device) != [] and (root / "dev").is_dir()
+
+
+def test_a_dev_that_is_the_nodes_own_is_never_touched(plugin: tuple[int, Path]) -> None:
+    pid, root = plugin  # no tmpfs of its own: its dev dir is the node's
+    faults = KnownPid(pid, ThisMachine())
+    assert faults.probe("c0ffee") == ""
+    with pytest.raises(NodeAccessError, match="is the node's own: refused"):
+        faults.run("c0ffee", "device-absent", str(root / "dev" / "kvm"))
+    assert (root / "dev" / "kvm").exists()

@@ -150,14 +150,19 @@ class DockerExecAccess:
     def wrap(self, argv: list[str]) -> str:
         return shlex.join(self.argv(argv))
 
-    def local_path(self, path: str) -> str | None:
-        """The node's `path` as this machine reaches it: through the node container's root
-        (/proc/<pid>/root; the node is a container of this machine's engine)."""
+    def node_pid(self) -> int | None:
+        """The node container's init as this machine sees it (the node is a container of this
+        machine's engine); None when the engine does not say."""
         got = self.runner.run(
             ["docker", "inspect", "--format", "{{.State.Pid}}", self.where], check=False
         )
         pid = got.stdout.decode().strip()
-        return f"/proc/{pid}/root{path}" if got.rc == 0 and pid.isdigit() and pid != "0" else None
+        return int(pid) if got.rc == 0 and pid.isdigit() and pid != "0" else None
+
+    def local_path(self, path: str) -> str | None:
+        """The node's `path` as this machine reaches it: through the node container's root."""
+        pid = self.node_pid()
+        return f"/proc/{pid}/root{path}" if pid is not None else None
 
 
 NSENTER = ["nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--"]

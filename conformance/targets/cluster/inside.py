@@ -59,6 +59,8 @@ class InsidePlugin:
     def __init__(self, access: NodeAccess) -> None:
         self.access = access
         self.setns: SetnsFaults | None = None  # chosen by probe() when the image has no tools
+        # the device a plugin mounts itself, taken away and back: by setns(2) only
+        self.device: SetnsFaults | None = None
 
     def run(self, container: str, name: str, *args: str) -> None:
         if self.setns is not None:
@@ -74,18 +76,19 @@ class InsidePlugin:
 
     def probe(self, container: str) -> str:
         """'' when faults can be made inside this container, else why not (one line)."""
+        setns = SetnsFaults(self.access)
+        by_setns = setns.probe(container)
+        self.device = None if by_setns else setns
         try:
             self.run(container, "probe")
         except NodeAccessError as exc:
             tools = f"no mount/umount/mknod usable in the plugin container ({exc})"
         else:
             return ""
-        setns = SetnsFaults(self.access)
-        why = setns.probe(container)
-        if not why:
+        if not by_setns:
             self.setns = setns
             return ""
-        return f"{tools}; {why}"
+        return f"{tools}; {by_setns}"
 
 
 class InsideFaults:
@@ -117,8 +120,11 @@ class InsideFaults:
         caps = set(self.capabilities)
         if "cdi" in self.layout.mounts:
             caps.add(CAP_READ_ONLY)
-        if "host_dev" in self.layout.mounts and self.options.hypervisor == "kvm":
+        kvm = self.options.hypervisor == "kvm"  # the identity scenario names the entry "kvm"
+        if "host_dev" in self.layout.mounts and kvm:
             caps |= {CAP_DEVICE_VIEW, CAP_DEVICE_REMAP}
+        elif "device" in self.layout.mounts and kvm and inside.device is not None:
+            caps.add(CAP_DEVICE_VIEW)  # the device's own mount, taken away and back (setns)
         self.capabilities = frozenset(caps)
         return ""
 
@@ -157,7 +163,12 @@ class InsideFaults:
         self._in("empty" if empty else "undo", self.layout.mounts["sockets"])
 
     def inside_device_present(self, present: bool) -> None:
-        self._in("undo" if present else "empty", self.layout.mounts["host_dev"])
+        if "host_dev" in self.layout.mounts:
+            self._in("undo" if present else "empty", self.layout.mounts["host_dev"])
+            return
+        assert self.inside is not None and self.inside.device is not None
+        op = "device-present" if present else "device-absent"
+        self.inside.device.run(self._plugin_container(), op, self.layout.mounts["device"])
 
     def inside_unusable(self, unusable: bool) -> None:
         view, name = self.layout.mounts["host_dev"], self.options.hypervisor

@@ -12,7 +12,7 @@ import copy
 from dataclasses import dataclass, field
 
 from conformance.contract.deploy import Pods
-from conformance.contract.plugin import Paths
+from conformance.contract.plugin import HYPERVISOR_DEVICES, Paths
 from conformance.targets.cluster.access import EMPTY_SOCKETS, HOST_VIEW
 from conformance.targets.cluster.kube import Obj
 from plugin.api.names import DEVICE_ACCESS_RESOURCE, HYPERVISOR_RESOURCE
@@ -47,7 +47,8 @@ class Layout:
     cdi_propagates: bool = False  # hostPath mounts made later on the node reach the plugin
     sockets_volume: str = ""
     # where the plugin container sees them (faults made inside its own mount namespace)
-    mounts: dict[str, str] = field(default_factory=dict)  # "sockets", "cdi", "host_dev" -> path
+    # "sockets", "cdi", "host_dev", "device" -> the path in the container
+    mounts: dict[str, str] = field(default_factory=dict)
     # where the node keeps them (hostPath): a kubelet root other than /var/lib/kubelet (k0s,
     # microk8s) or another CDI dir is read from the objects, never assumed
     node_dirs: dict[str, str] = field(default_factory=dict)
@@ -121,6 +122,8 @@ def _role(host_path: str, mount_path: str, paths: Paths | None) -> str:
     in-container paths), else by the standard host paths."""
     if host_path == "/dev":
         return "host_dev"
+    if host_path in HYPERVISOR_DEVICES and mount_path == host_path:
+        return "device"  # the device itself, at its own path (a CharDevice hostPath)
     if paths is not None and mount_path:
         by_mount = {paths.device_plugin_dir: "sockets", paths.cdi_dir: "cdi"}
         if mount_path.rstrip("/") in by_mount:
@@ -173,7 +176,7 @@ def prepare(
             layout.cdi_propagates = prop in ("HostToContainer", "Bidirectional")
         elif role == "sockets":
             layout.sockets_volume = vol["name"]
-    if not layout.host_view_isolated and not layout.notes:
+    if not layout.host_view_isolated and not layout.notes and "device" not in layout.mounts:
         layout.notes.append("no hostPath /dev host-device view found: identity faults unavailable")
     for obj in out:
         if obj.get("kind") != "DaemonSet":
