@@ -8,14 +8,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from conformance.contract.safewrite import write_atomic
 from conformance.contract.wait import WaitExpired
 
 # results.schema.json; README "Reports" says what changed. 1.2 added optional per-check fields
-# (started_s, failure, wait, requirement_level, requirement_source); 1.0 and 1.1 still read.
-SCHEMA_VERSION = "1.2"
+# (started_s, failure, wait, requirement_level, requirement_source); 1.3 gives every timeline
+# event its kind and every failed check its failure kind, so a report reads fields, never words;
+# 1.0, 1.1 and 1.2 still read.
+SCHEMA_VERSION = "1.3"
 
 
 class Status(enum.StrEnum):
@@ -28,18 +30,52 @@ class Status(enum.StrEnum):
     BLOCKED = "blocked"
 
 
-class NotApplicable(Exception):
+class Outcome(Exception):
+    """A check's end other than passed or failed, its status a field: the suite records
+    `status` and `reason` as they are, and never reads a status back from a message."""
+
+    status: ClassVar[Status] = Status.SKIPPED
+
+    @property
+    def reason(self) -> str:
+        return str(self)
+
+
+class NotApplicable(Outcome):
     """The check does not apply to this target or plugin (e.g. no kubelet restart on AKS Automatic)."""
 
+    status = Status.NOT_APPLICABLE
 
-class EnvironmentBlocked(Exception):
+
+class EnvironmentBlocked(Outcome):
     """The environment prevents the check (missing /dev/kvm, admission policy): never a pass."""
+
+    status = Status.ENVIRONMENT_BLOCKED
+
+
+class Blocked(Outcome):
+    """An earlier check left the node dirty and it could not be restored."""
+
+    status = Status.BLOCKED
+
+
+class EventKind(enum.StrEnum):
+    """What a timeline point is, in the order a fault check walks through them; the report
+    colours events and draws outages (fault to ready) from this, never from the event's name."""
+
+    FAULT = "fault"
+    DETECTED = "detected"
+    REPAIRED = "repaired"
+    READY = "ready"
+    GUEST = "guest"  # a fresh guest ran on the node (the report counts these)
+    INFO = "info"
 
 
 @dataclass
 class TimelineEvent:
     name: str
     t_s: float  # seconds since the check started (monotonic clock)
+    kind: str = EventKind.INFO.value  # schema 1.3: an EventKind value
 
 
 # A target may write this into the run dir: the feature gates it sets and those its components
@@ -105,10 +141,13 @@ class Recorder:
     def elapsed(self) -> float:
         return time.monotonic() - self._t0
 
-    def event(self, name: str, at: float | None = None) -> float:
-        """Mark a timeline point (now, or at a monotonic time); returns its offset in seconds."""
+    def event(
+        self, name: str, at: float | None = None, *, kind: EventKind = EventKind.INFO
+    ) -> float:
+        """Mark a timeline point (now, or at a monotonic time) of a kind; returns its offset in
+        seconds. The kind is what the report reads; the name is only shown."""
         t = (time.monotonic() if at is None else at) - self._t0
-        self.record.timeline.append(TimelineEvent(name, round(t, 6)))
+        self.record.timeline.append(TimelineEvent(name, round(t, 6), EventKind(kind).value))
         return t
 
     def metric(self, name: str, value: float | int | str) -> None:

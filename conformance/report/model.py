@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.contract import manifest
-from conformance.report import env_facts, plugin_facts, text, words
+from conformance.report import env_facts, legacy, plugin_facts, text, words
 
 LEDGER_MAX_BYTES = 16 * 1024 * 1024  # per ledger file read for the cleanup summary
 # What a report or a comparison shows is bounded and stated: a check shows at most this many
@@ -31,19 +31,9 @@ NOT_RUN_REASON = "the run stopped before this check"
 # Order in which checks that did not pass are listed under scope limits: the gravest first.
 _GRAVITY = ("failed", "blocked", "environment_blocked", "not_applicable", "skipped", NOT_RUN)
 
-# Timeline event kinds, in the order a fault check walks through them. Writers may set `kind`
-# on an event; otherwise it is inferred from the event's name (the scenarios' wording).
+# Timeline event kinds, in the order a fault check walks through them (results.py EventKind):
+# every event of a 1.3 results file carries one; older files' are recovered in report.legacy.
 KINDS = ("fault", "detected", "repaired", "ready", "guest", "info")
-_KIND_WORDS = (
-    ("guest", ("fresh guest passed",)),
-    ("ready", ("ready (",)),
-    (
-        "repaired",
-        ("byte-exact", "restored", "writable again", "obstruction removed", "re-registered"),
-    ),
-    ("detected", ("not ready", "unready", "allocatable 0", "readiness false", "refused")),
-    ("fault", ("injected", "placed", "removed", "mapped at", "replaced", "read-only", "restart")),
-)
 
 
 @dataclass(frozen=True)
@@ -80,9 +70,10 @@ class CheckView:
     # failure's kind and the expired wait's typed fields; the requirement level and its source.
     started_s: float | None = None
     failure: str = ""
-    wait_fields: dict[str, Any] | None = None
+    wait: words.Wait | None = None
     requirement_level: str = ""
     requirement_source: str = ""
+    said: str = ""  # the reason in words ("" when it is the reason as recorded)
 
     @property
     def status_word(self) -> str:
@@ -90,34 +81,26 @@ class CheckView:
 
     @property
     def result(self) -> str:
-        return words.sentence(self.status, self.reason, self.phrases)
+        return words.sentence(self.status, self.reason_words, self.phrases)
 
     @property
     def detail(self) -> str:
-        return words.detail(self.status, self.reason, self.phrases)
+        return words.detail(self.status, self.reason_words, self.phrases)
 
     @property
     def reason_words(self) -> str:
-        if self.wait_fields is not None:
-            return words.wait_sentence(self.wait_fields)
-        return words.reason_in_words(self.reason)
-
-    @property
-    def wait(self) -> words.Wait | None:
-        """The expired wait: the record's typed fields, or (results before 1.2) its message."""
-        if self.wait_fields is not None:
-            return words.Wait.of(self.wait_fields)
-        return words.legacy_wait(self.reason)
+        """The reason as a reader needs it: the expired wait's sentence, else the reason."""
+        if self.said:
+            return self.said
+        return self.wait.sentence if self.wait is not None else self.reason
 
     @property
     def failure_kind(self) -> str:
-        """'wait' (a deadline expired), 'assertion', or 'error' (the check itself broke)."""
+        """'wait' (a deadline expired), 'assertion', or 'error' (the check itself broke); a
+        failure that names no kind (a session check's verdict) is a judgement: 'assertion'."""
         if self.failure in ("wait", "assertion", "error"):
             return self.failure
-        if self.wait:
-            return "wait"
-        cls = words.split_exception(self.reason)[0]
-        return "assertion" if cls in ("", "AssertionError") else "error"
+        return "wait" if self.wait is not None else "assertion"
 
     @property
     def should(self) -> bool:
@@ -280,18 +263,9 @@ def verdict(data: dict[str, Any], *, partial: bool = False) -> str:
     return "PASSED"
 
 
-def infer_kind(name: str) -> str:
-    lowered = name.lower()
-    for kind, needles in _KIND_WORDS:
-        if any(n in lowered for n in needles):
-            return kind
-    return "info"
-
-
-def _timeline(raw: list[dict[str, Any]]) -> list[Event]:
+def _timeline(raw: list[dict[str, Any]], kinds: list[str]) -> list[Event]:
     events = [
-        Event(str(e["name"]), float(e["t_s"]), str(e.get("kind") or infer_kind(str(e["name"]))))
-        for e in raw
+        Event(str(e["name"]), float(e["t_s"]), kind) for e, kind in zip(raw, kinds, strict=True)
     ]
     return sorted(events, key=lambda e: e.t_s)  # stable: equal times keep the recorded order
 
@@ -315,9 +289,21 @@ def _evidence(names: list[str], run_dir: Path, out_dir: Path) -> list[Evidence]:
     return found
 
 
-def _check(raw: dict[str, Any], run_dir: Path, out_dir: Path, figure_room: int) -> CheckView:
-    """One check's view; at most `figure_room` of its metrics are shown (and phrased)."""
-    timeline = _timeline(list(raw.get("timeline", [])))
+def _check(
+    raw: dict[str, Any], run_dir: Path, out_dir: Path, figure_room: int, *, typed: bool = True
+) -> CheckView:
+    """One check's view; at most `figure_room` of its metrics are shown (and phrased). A record
+    of results 1.3 or later (`typed`) is read from its fields only; an older one through
+    report.legacy, which recovers from its words what it has no field for."""
+    events = [e for e in raw.get("timeline", []) if isinstance(e, dict)]
+    if typed:
+        wait = words.Wait.of(raw["wait"]) if isinstance(raw.get("wait"), dict) else None
+        said, failure = "", str(raw.get("failure", ""))
+        kinds = [str(e.get("kind", "info")) for e in events]
+    else:
+        old = legacy.read_pre_1_3_check(raw)
+        wait, said, failure, kinds = old.wait, old.said, old.failure, old.kinds
+    timeline = _timeline(events, kinds)
     view = CheckView(
         id=str(raw["id"]),
         marker=str(raw["marker"]),
@@ -332,13 +318,15 @@ def _check(raw: dict[str, Any], run_dir: Path, out_dir: Path, figure_room: int) 
         apis=[str(a) for a in raw.get("apis", [])],
         hidden_events=max(0, len(timeline) - MAX_EVENTS_PER_CHECK),
         started_s=float(raw["started_s"]) if "started_s" in raw else None,
-        failure=str(raw.get("failure", "")),
-        wait_fields=dict(raw["wait"]) if isinstance(raw.get("wait"), dict) else None,
+        failure=failure,
+        wait=wait,
         requirement_level=str(raw.get("requirement_level", "")),
         requirement_source=str(raw.get("requirement_source", "")),
+        said=said,
     )
     view.hidden_figures = max(0, len(view.metrics) - min(figure_room, MAX_FIGURES_PER_CHECK))
-    view.phrases = words.figures(view.shown_metrics, [e.name for e in view.timeline])
+    fresh = sum(1 for e in view.timeline if e.kind == "guest")
+    view.phrases = words.figures(view.shown_metrics, fresh)
     return view
 
 
@@ -506,8 +494,9 @@ def build(
     env = dict(data.get("environment", {}))
     checks: list[CheckView] = []
     room = MAX_FIGURES
+    typed = str(data.get("schema_version", "")) not in legacy.PRE_1_3
     for raw in data["checks"]:
-        checks.append(_check(raw, run_dir, out_dir, room))
+        checks.append(_check(raw, run_dir, out_dir, room, typed=typed))
         room -= len(checks[-1].metrics) - checks[-1].hidden_figures
     partial = partial or bool(run.get("partial"))
     checks = ran_order(checks)

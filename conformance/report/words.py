@@ -6,7 +6,6 @@ or `reads` reads well without touching this module; unknown metrics are still sh
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,19 +13,6 @@ from typing import Any
 from conformance.contract import wait as waits
 
 Metric = float | int | str
-
-_WAIT = re.compile(
-    r"^wait '(?P<what>.+)' expired after (?P<after>[0-9.]+)s \(last: (?P<last>.*)\)$"
-)
-# pytest reports a failure as "module.ExceptionName: message"; the class tells its kind.
-_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<cls>[A-Z]\w*(?:Error|Exception|Expired)): ")
-
-
-def split_exception(reason: str) -> tuple[str, str]:
-    """("WaitExpired", "wait '...' expired ...") from "conformance.contract.wait.WaitExpired: wait ..."."""
-    text = reason.strip()
-    match = _EXCEPTION.match(text)
-    return (match["cls"], text[match.end() :]) if match else ("", text)
 
 
 def duration(seconds: float) -> str:
@@ -78,6 +64,7 @@ class Wait:
     after: str  # "60 s"
     seen: str  # the last value in words
     last: str  # the last value as recorded ("" when none)
+    sentence: str  # the whole wait in one sentence, as the failure's reason reads
 
     @classmethod
     def of(cls, fields: Mapping[str, Any]) -> Wait:
@@ -90,6 +77,7 @@ class Wait:
             after,
             str(fields.get("seen", "")),
             str(fields.get("last", "")),
+            wait_sentence(fields),
         )
 
 
@@ -102,29 +90,6 @@ def wait_sentence(fields: Mapping[str, Any]) -> str:
         float(timeout) if isinstance(timeout, int | float) else 0.0,
         str(fields.get("seen", "")),
     )
-
-
-def legacy_wait(reason: str) -> Wait | None:
-    """Results before schema 1.2 carry an expired wait only as its message: read it back."""
-    match = _WAIT.match(split_exception(reason)[1])
-    if match is None:
-        return None
-    last = match["last"]
-    seen = waits.in_words(None if last in ("False", "None", "0", "''", "[]", "{}") else last)
-    return Wait(match["what"], "", f"{float(match['after']):g} s", seen, last)
-
-
-def reason_in_words(reason: str) -> str:
-    """A failure reason with no Python class name: the wait that expired, the assertion's own
-    message, or (anything else) that the check could not go on, and why."""
-    wait = legacy_wait(reason)
-    if wait is None:
-        cls, message = split_exception(reason)
-        # An assertion's class adds nothing; any other class means the check itself broke.
-        if cls in ("", "AssertionError", "WaitExpired"):
-            return message
-        return f"the check could not go on: {message}"
-    return f"waited {wait.after} for {wait.awaited}: {wait.seen}"
 
 
 def _seconds(metrics: Mapping[str, Metric], name: str) -> float | None:
@@ -231,12 +196,12 @@ def _state_phrases(metrics: Mapping[str, Metric], used: set[str]) -> list[str]:
 _QUIET = frozenset({"allocate_answered_s", "cdi_device"})
 
 
-def figures(metrics: Mapping[str, Metric], timeline: Sequence[str] = ()) -> list[str]:
-    """Every measured figure of a check as short phrases, the known ones first."""
+def figures(metrics: Mapping[str, Metric], fresh: int = 0) -> list[str]:
+    """Every measured figure of a check as short phrases, the known ones first; `fresh` is how
+    many fresh guests passed (the timeline's events of kind guest)."""
     used: set[str] = set()
     phrases = _timing_phrases(metrics, used) + _storm_phrases(metrics, used)
     phrases += _state_phrases(metrics, used)
-    fresh = sum(1 for name in timeline if name.startswith("fresh guest passed"))
     if fresh == 1:
         phrases.append("a fresh guest passed afterwards")
     elif fresh > 1:
@@ -257,20 +222,21 @@ STATUS_WORDS = {
 }
 
 
-def detail(status: str, reason: str, phrases: Sequence[str]) -> str:
-    """The Result cell after the status word: the reason (when not passed), then the figures."""
+def detail(status: str, said: str, phrases: Sequence[str]) -> str:
+    """The Result cell after the status word: the reason in words (when not passed), then the
+    figures."""
     parts = []
-    if status != "passed" and reason:
-        parts.append(capital(reason_in_words(reason)).rstrip(".") + ".")
+    if status != "passed" and said:
+        parts.append(capital(said).rstrip(".") + ".")
     if phrases:
         parts.append(capital("; ".join(phrases)) + ".")
     return " ".join(parts)
 
 
-def sentence(status: str, reason: str, phrases: Sequence[str]) -> str:
+def sentence(status: str, said: str, phrases: Sequence[str]) -> str:
     """The whole Result cell: 'Passed. Recovered in 3.1 ms; ...'."""
     head = STATUS_WORDS.get(status, status) + "."
-    rest = detail(status, reason, phrases)
+    rest = detail(status, said, phrases)
     return f"{head} {rest}" if rest else head
 
 

@@ -6,7 +6,7 @@ import time
 
 from conformance.contract import runcontext
 from conformance.contract.node import CAP_GUEST, CAP_LIVENESS, CAP_READINESS, Node
-from conformance.contract.results import NotApplicable, Recorder
+from conformance.contract.results import EventKind, NotApplicable, Recorder
 from conformance.contract.wait import wait_for
 
 # How long a plugin may take to notice a fault and to recover from it. The seed measured 22-32 s
@@ -39,9 +39,11 @@ def wait_ready(
     if CAP_READINESS in node.capabilities:
         wait_for(node.plugin_ready, timeout, f"plugin readiness ({label})")
         if since:
-            rec.metric(PLUGIN_RECOVERED, rec.event(f"plugin ready ({label})") - since)
+            rec.metric(
+                PLUGIN_RECOVERED, rec.event(f"plugin ready ({label})", kind=EventKind.READY) - since
+            )
     wait_for(lambda: node.allocatable() > 0, timeout, f"allocatable > 0 ({label})")
-    return rec.event(f"ready ({label})")
+    return rec.event(f"ready ({label})", kind=EventKind.READY)
 
 
 def expect_unready(
@@ -53,7 +55,10 @@ def expect_unready(
     if CAP_READINESS in node.capabilities:
         wait_for(lambda: not node.plugin_ready(), timeout, f"readiness false ({label})")
         if since:
-            rec.metric(PLUGIN_DETECTED, rec.event(f"plugin unready ({label})") - since)
+            rec.metric(
+                PLUGIN_DETECTED,
+                rec.event(f"plugin unready ({label})", kind=EventKind.DETECTED) - since,
+            )
     else:
         rec.note(f"readiness not observable ({label}): judged on allocatable and Allocate")
 
@@ -92,7 +97,7 @@ def fresh_guest(node: Node, rec: Recorder, label: str) -> None:
         if CAP_GUEST in node.capabilities:
             outcome = node.run_guest(allocation)
             assert outcome.ok, f"fresh guest failed after {label}: {outcome.detail}"
-            rec.event(f"fresh guest passed ({label})")
+            rec.event(f"fresh guest passed ({label})", kind=EventKind.GUEST)
     finally:
         node.release(allocation)
 

@@ -49,7 +49,7 @@ from conformance.contract.node import (
     PodView,
     require,
 )
-from conformance.contract.results import NotApplicable, Recorder
+from conformance.contract.results import EventKind, NotApplicable, Recorder
 from conformance.contract.wait import wait_for
 from conformance.scenarios.common import (
     FAULT_TIMEOUT_S,
@@ -128,7 +128,9 @@ def kubelet_restart(node: Node, rec: Recorder) -> None:
         label = "graceful" if graceful else "crash"
         before = {s.uid for s in dra.slices()}
         dra.stop_kubelet(graceful)
-        back = rec.event(f"kubelet back after {label} restart", dra.start_kubelet())
+        back = rec.event(
+            f"kubelet back after {label} restart", dra.start_kubelet(), kind=EventKind.FAULT
+        )
         _republished(dra, rec, before, back, label)
         now = dra.pod_named(pod.name)
         assert now is not None and now.uid == pod.uid, f"pod {pod.name} replaced ({label})"
@@ -165,7 +167,7 @@ def prepare_retried(node: Node, rec: Recorder) -> None:
         wait_for(lambda: dra.pod_scheduled(name), FAULT_TIMEOUT_S,
                  f"pod {name} scheduled (its claim allocated) while the kubelet is down")  # fmt: skip
         dra.set_storage_read_only("cdi", True)
-        rec.event("read-only CDI storage")
+        rec.event("read-only CDI storage", kind=EventKind.FAULT)
     finally:
         back = rec.event("kubelet started", dra.start_kubelet())
     try:
@@ -175,14 +177,14 @@ def prepare_retried(node: Node, rec: Recorder) -> None:
         failures = dra.prepare_failures(name)
         dra.stop_kubelet(False)
         dra.start_kubelet()
-        rec.event("kubelet restarted while the prepare fails")
+        rec.event("kubelet restarted while the prepare fails", kind=EventKind.FAULT)
         wait_for(lambda: dra.prepare_failures(name) > failures, PREPARE_RETRY_TIMEOUT_S,
                  "NodePrepareResources retried after the kubelet restart")  # fmt: skip
         pod = dra.pod_named(name)
         assert pod is not None and pod.phase != RUNNING, "the pod ran without its claim prepared"
     finally:
         dra.set_storage_read_only("cdi", False)
-    t1 = rec.event("storage writable again")
+    t1 = rec.event("storage writable again", kind=EventKind.REPAIRED)
     pod = _running(dra, name, "after the storage was restored", PREPARE_RETRY_TIMEOUT_S)
     rec.metric("recovery_s", rec.event("pod running") - t1)
     _counting(dra, pod, "after NodePrepareResources succeeded")
@@ -264,7 +266,7 @@ def unprepare_retried(node: Node, rec: Recorder) -> None:
     outcome = None
     dra.set_storage_read_only("cdi", True)
     try:
-        rec.event("read-only CDI storage")
+        rec.event("read-only CDI storage", kind=EventKind.FAULT)
         dra.request_pod_deletion(pod.name)
         t0 = rec.event(f"pod {pod.name} deleted")
         outcome = wait_for(failed_or_unprepared, UNPREPARE_TIMEOUT_S,
@@ -280,7 +282,7 @@ def unprepare_retried(node: Node, rec: Recorder) -> None:
         f"the kubelet saw pod {pod.name}'s claim unprepared while the CDI storage was read-only: "
         f"NodeUnprepareResources answered success{f', and left {sorted(left)}' if left else ''}"
     )
-    rec.event("storage writable again")
+    rec.event("storage writable again", kind=EventKind.REPAIRED)
     back = rec.event("kubelet started", dra.start_kubelet())
     wait_for(lambda: not (set(dra.list_files("cdi")) - before), UNPREPARE_TIMEOUT_S,
              "no CDI spec of the claim left after the kubelet's retried unprepare")  # fmt: skip
@@ -301,12 +303,12 @@ def registration_socket_removed(node: Node, rec: Recorder) -> None:
     wait_ready(dra, rec, "before the socket is removed")
     instance = dra.plugin_instance()
     removed = dra.remove_registration_socket()
-    t0 = rec.event("registration socket removed", removed)
+    t0 = rec.event("registration socket removed", removed, kind=EventKind.FAULT)
     unready: list[float] = []
 
     def registered_again() -> bool:
         if CAP_READINESS in dra.capabilities and not unready and not dra.plugin_ready():
-            unready.append(rec.event("plugin unready (unregistered)"))
+            unready.append(rec.event("plugin unready (unregistered)", kind=EventKind.DETECTED))
         return (dra.last_registration_at() or 0.0) > removed
 
     wait_for(registered_again, RECOVERY_TIMEOUT_S,

@@ -24,7 +24,7 @@ from conformance.contract.node import (
     Node,
     require,
 )
-from conformance.contract.results import Recorder
+from conformance.contract.results import EventKind, Recorder
 from conformance.contract.wait import WaitExpired, wait_for
 from conformance.scenarios.common import FAULT_TIMEOUT_S, RECOVERY_TIMEOUT_S, wait_ready
 
@@ -44,7 +44,7 @@ def _fault_after_restart(node: Node, rec: Recorder, graceful: bool) -> None:
     label = "graceful" if graceful else "crash"
     wait_ready(node, rec, f"before the kubelet {label} restart")
     back = node.restart_kubelet(graceful=graceful)
-    rec.event(f"kubelet back after {label} restart", back)
+    rec.event(f"kubelet back after {label} restart", back, kind=EventKind.FAULT)
     wait_for(
         lambda: (node.last_registration_at() or 0.0) > back,
         RECOVERY_TIMEOUT_S,
@@ -60,16 +60,19 @@ def _fault_after_restart(node: Node, rec: Recorder, graceful: bool) -> None:
         interval=0.05,
     )
     node.set_device_present(False)
-    t0 = rec.event(f"device removed ({label} restart behind)")
+    t0 = rec.event(f"device removed ({label} restart behind)", kind=EventKind.FAULT)
     try:
         _allocatable_becomes(
             node, 0, FAULT_TIMEOUT_S,
             f"the kubelet to see the device gone after its {label} restart",
         )  # fmt: skip
-        rec.metric(f"detected_{label}_s", rec.event(f"allocatable 0 ({label})") - t0)
+        rec.metric(
+            f"detected_{label}_s",
+            rec.event(f"allocatable 0 ({label})", kind=EventKind.DETECTED) - t0,
+        )
     finally:
         node.set_device_present(True)
-    t1 = rec.event(f"device restored ({label} restart behind)")
+    t1 = rec.event(f"device restored ({label} restart behind)", kind=EventKind.REPAIRED)
     _allocatable_becomes(
         node, full, RECOVERY_TIMEOUT_S,
         f"the kubelet to see the device back after its {label} restart",

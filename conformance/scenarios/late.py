@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 
 from conformance.contract.node import CAP_DEVICE_LATE, CAP_READINESS, CAP_STREAM_END, Node, require
-from conformance.contract.results import Recorder
+from conformance.contract.results import EventKind, Recorder
 from conformance.contract.wait import wait_for
 from conformance.scenarios.common import (
     RECOVERY_TIMEOUT_S,
@@ -67,7 +67,9 @@ def device_late(node: Node, rec: Recorder) -> None:
         assert not healthy, f"healthy devices advertised while the device was absent: {healthy}"
         registered = (node.last_registration_at() or 0.0) > started
         rec.metric("registered_while_absent", int(registered))
-        rec.event("alive, nothing healthy, not ready, for the whole window")
+        rec.event(
+            "alive, nothing healthy, not ready, for the whole window", kind=EventKind.DETECTED
+        )
     finally:
         node.set_device_present(True)
     t1 = rec.event("device appeared")

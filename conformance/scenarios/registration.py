@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from conformance.contract.node import CAP_READINESS, CAP_SOCKET_REDIRECT, Node, require
-from conformance.contract.results import Recorder
+from conformance.contract.results import EventKind, Recorder
 from conformance.contract.wait import wait_for
 from conformance.scenarios.common import (
     FAULT_TIMEOUT_S,
@@ -31,7 +31,7 @@ MAX_CPU_SHARE = 0.25
 def _quiet_and_unready(node: Node, rec: Recorder, t0: float) -> None:
     expect_unready(node, rec, "no kubelet", since=t0)
     wait_for(lambda: node.allocatable() == 0, FAULT_TIMEOUT_S, "allocatable 0 (no kubelet)")
-    rec.metric("detected_s", rec.event("not ready") - t0)
+    rec.metric("detected_s", rec.event("not ready", kind=EventKind.DETECTED) - t0)
     cpu0, w0 = node.plugin_cpu_seconds(), time.monotonic()
     wait_for(
         lambda: time.monotonic() - w0 >= QUIET_WINDOW_S,
@@ -48,7 +48,7 @@ def _quiet_and_unready(node: Node, rec: Recorder, t0: float) -> None:
 
 
 def _recovered(node: Node, rec: Recorder, restored: float, label: str) -> None:
-    t1 = rec.event("kubelet socket dir restored", restored)
+    t1 = rec.event("kubelet socket dir restored", restored, kind=EventKind.REPAIRED)
     wait_for(
         lambda: (node.last_registration_at() or 0.0) > restored,
         RECOVERY_TIMEOUT_S,
@@ -76,7 +76,7 @@ def registration_dir_replaced(node: Node, rec: Recorder) -> None:
     require(node, CAP_SOCKET_REDIRECT)
     wait_ready(node, rec, "before fault")
     node.redirect_plugin_sockets(empty=True)
-    t0 = rec.event("plugin socket dir replaced by an empty dir")
+    t0 = rec.event("plugin socket dir replaced by an empty dir", kind=EventKind.FAULT)
     try:
         _quiet_and_unready(node, rec, t0)
     finally:

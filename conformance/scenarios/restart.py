@@ -14,7 +14,7 @@ from conformance.contract.node import (
     Node,
     require,
 )
-from conformance.contract.results import Recorder
+from conformance.contract.results import EventKind, Recorder
 from conformance.contract.wait import expired, wait_for
 from conformance.scenarios.common import RECOVERY_TIMEOUT_S, fresh_guest, wait_ready
 
@@ -36,7 +36,7 @@ def restart_plugin(node: Node, rec: Recorder) -> None:
         wait_for(lambda: node.long_guest_counter(guest) > 2, 30, "long-running guest counting")
     before = node.plugin_instance()
     counter_before = node.long_guest_counter(guest) if guest else 0
-    t0 = rec.event("plugin restarted")
+    t0 = rec.event("plugin restarted", kind=EventKind.FAULT)
     node.restart_plugin()
     assert node.plugin_instance() != before, "the plugin process was not replaced"
     rec.metric("recovery_s", wait_ready(node, rec, "after plugin restart") - t0)
@@ -54,14 +54,18 @@ def _kubelet_restart(node: Node, rec: Recorder, graceful: bool) -> float:
     label = "graceful" if graceful else "crash"
     wait_ready(node, rec, f"before kubelet {label} restart")
     back = node.restart_kubelet(graceful=graceful)
-    t0 = rec.event(f"kubelet back after {label} restart", back)
+    t0 = rec.event(f"kubelet back after {label} restart", back, kind=EventKind.FAULT)
     wait_for(
         lambda: (node.last_registration_at() or 0.0) > back,
         RECOVERY_TIMEOUT_S,
         f"re-registration after kubelet {label} restart",
     )
     latency = (node.last_registration_at() or back) - back
-    rec.event(f"plugin re-registered ({label})", (node.last_registration_at() or back))
+    rec.event(
+        f"plugin re-registered ({label})",
+        (node.last_registration_at() or back),
+        kind=EventKind.REPAIRED,
+    )
     wait_ready(node, rec, f"after kubelet {label} restart")
     rec.metric(f"reregistration_{label}_s", latency)
     fresh_guest(node, rec, f"kubelet {label} restart")

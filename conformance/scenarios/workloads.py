@@ -27,7 +27,7 @@ from conformance.contract.node import (
     PodView,
     require,
 )
-from conformance.contract.results import Recorder
+from conformance.contract.results import EventKind, Recorder
 from conformance.contract.wait import wait_for
 from conformance.scenarios.common import FAULT_TIMEOUT_S, RECOVERY_TIMEOUT_S, wait_ready
 
@@ -68,7 +68,7 @@ def _restart_keeps_pods(node: Node, rec: Recorder, graceful: bool) -> None:
     assert not empty, f"pod-resources List reports no device for running pods {empty}"
     counters = {uid: node.pod_counter(uid) for uid in before}
     back = node.restart_kubelet(graceful=graceful)
-    rec.event(f"kubelet back after {label} restart", back)
+    rec.event(f"kubelet back after {label} restart", back, kind=EventKind.FAULT)
     wait_for(
         lambda: (node.last_registration_at() or 0.0) > back,
         RECOVERY_TIMEOUT_S,
@@ -146,7 +146,7 @@ def health_in_pod_status(node: Node, rec: Recorder) -> None:
         wait_for(lambda: _health(node, pod.uid, True), FAULT_TIMEOUT_S,
                  "the pod's device Healthy in its status")  # fmt: skip
         node.set_device_present(False)
-        t0 = rec.event("device removed from where the plugin looks")
+        t0 = rec.event("device removed from where the plugin looks", kind=EventKind.FAULT)
         try:
             wait_for(
                 lambda: _health(node, pod.uid, False),
@@ -157,7 +157,7 @@ def health_in_pod_status(node: Node, rec: Recorder) -> None:
             rec.metric("detected_s", rec.event("pod status: device Unhealthy") - t0)
         finally:
             node.set_device_present(True)
-        t1 = rec.event("device restored")
+        t1 = rec.event("device restored", kind=EventKind.REPAIRED)
         wait_for(
             lambda: _health(node, pod.uid, True),
             RECOVERY_TIMEOUT_S,

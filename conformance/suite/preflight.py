@@ -28,7 +28,8 @@ from conformance.contract.preconditions import (
     evaluate,
     first_unmet,
 )
-from conformance.contract.results import Status
+from conformance.contract.results import EnvironmentBlocked, Status
+from conformance.suite import outcomes
 from conformance.targets import UnknownTarget, preflight
 
 _FINDINGS: list[Finding] = []  # the controller's, for the environment
@@ -78,8 +79,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     line = blocked_line()
     if not line:
         return
-    mark = pytest.mark.skip(reason=f"{Status.ENVIRONMENT_BLOCKED.value}: {line}")
+    blocked = EnvironmentBlocked(line)
+    mark = pytest.mark.skip(reason=f"{blocked.status.value}: {blocked.reason}")  # the display
     for item in items:
+        item.stash[outcomes.STASHED] = blocked  # the status, as a field
         item.add_marker(mark)
 
 

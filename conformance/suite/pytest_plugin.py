@@ -2,7 +2,8 @@
 
 Workers put each check's record into the report's user_properties; the controller (or the single
 process without xdist) collects them, verifies cleanup across every worker's ledger, and writes
-results.json. Skips carry their status ("not_applicable: ...") so nothing skipped looks passed.
+results.json. Each phase's status and reason travel as typed fields (conformance.suite.outcomes),
+never read back from pytest's text, so nothing skipped looks passed.
 The controller is also the run-level owner of what workers share on the host (/run/netns:
 conformance.targets.local.netns.RunOwner): started before any worker, released once all ended.
 """
@@ -10,9 +11,8 @@ conformance.targets.local.netns.RunOwner): started before any worker, released o
 from __future__ import annotations
 
 import json
-import re
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,10 @@ from conformance.contract.node import Node
 from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
 from conformance.contract.results import (
     FEATURE_GATES_FILE,
+    Blocked,
     CheckRecord,
-    EnvironmentBlocked,
     NotApplicable,
+    Outcome,
     Recorder,
     Status,
     TimelineEvent,
@@ -39,7 +40,7 @@ from conformance.contract.runcontext import RunContext
 from conformance.contract.target_report import merge_reports
 from conformance.metadata.twophase import TwoPhase
 from conformance.scenarios import BY_ID, CATALOGUE, CLEANUP, Check
-from conformance.suite import environment, evidence, identity, preflight, session_checks
+from conformance.suite import environment, evidence, identity, outcomes, preflight, session_checks
 from conformance.targets import open_target
 from conformance.targets.local.netns import RunOwner
 
@@ -126,12 +127,9 @@ def node(request: pytest.FixtureRequest) -> Iterator[Node]:
             outcome.came_up(target_node)
             yield target_node
             outcome.read(target_node, "end")
-    except NotApplicable as exc:
-        outcome.ended(Status.NOT_APPLICABLE.value, str(exc))
-        pytest.skip(f"{Status.NOT_APPLICABLE.value}: {exc}")
-    except EnvironmentBlocked as exc:
-        outcome.ended(Status.ENVIRONMENT_BLOCKED.value, str(exc))
-        pytest.skip(f"{Status.ENVIRONMENT_BLOCKED.value}: {exc}")
+    except Outcome as exc:  # not applicable or environment blocked: every check on it says so
+        outcome.ended(exc.status.value, exc.reason)
+        outcomes.skip(exc)
     except BaseException as exc:
         outcome.ended("error", f"{type(exc).__name__}: {exc}")
         raise
@@ -168,31 +166,36 @@ _DIRTY: dict[str, str] = {}
 def run_check(node: Node, check: Check, rec: Recorder) -> None:
     """Run one scenario, then put the node back to its baseline (verified) whatever happened.
 
-    Statuses other than pass and fail travel as skip reasons. A node that cannot be restored
-    blocks the checks after it on that node: they end `blocked`, naming the check and the cause.
+    The recorder carries the status and reason as fields. Statuses other than pass and fail
+    are typed outcomes (pytest only shows them as skips). A node that cannot be restored blocks
+    the checks after it on that node: they end `blocked`, naming the check and the cause.
     """
     if _DIRTY:
-        pytest.skip(f"{Status.BLOCKED.value}: {_DIRTY['by']} left the node dirty: {_DIRTY['why']}")
+        _end(rec, Blocked(f"{_DIRTY['by']} left the node dirty: {_DIRTY['why']}"))
     api = plugin_api(node)
     if api not in check.apis:
         judged = " and ".join(API_TITLES[a] for a in check.apis)
-        pytest.skip(
-            f"{Status.NOT_APPLICABLE.value}: judges {judged}; the plugin under test speaks "
-            f"{API_TITLES[api]}"
+        _end(
+            rec,
+            NotApplicable(f"judges {judged}; the plugin under test speaks {API_TITLES[api]}"),
         )
     window = evidence.open_window(node)  # the check's evidence covers only its own window
     try:
         check.run(node, rec)
-    except NotApplicable as exc:
-        pytest.skip(f"{Status.NOT_APPLICABLE.value}: {exc}")
-    except EnvironmentBlocked as exc:
-        pytest.skip(f"{Status.ENVIRONMENT_BLOCKED.value}: {exc}")
+    except Outcome as exc:
+        _end(rec, exc)
     except Exception as exc:  # the reason in words, from the exception's typed fields
         rec.record.failure, rec.record.reason, rec.record.wait = describe_failure(exc)
+        rec.record.status = Status.FAILED.value
         raise
     finally:
         _restore(node, check, rec)
         evidence.write(node, rec, window)
+
+
+def _end(rec: Recorder, outcome: Outcome) -> None:
+    rec.record.status, rec.record.reason = outcome.status.value, outcome.reason
+    outcomes.skip(outcome)
 
 
 def _restore(node: Node, check: Check, rec: Recorder) -> None:
@@ -207,26 +210,32 @@ def _restore(node: Node, check: Check, rec: Recorder) -> None:
         rec.note(f"node not restored after this check: {_DIRTY['why']}")
 
 
-def _status_from_report(report: pytest.TestReport) -> tuple[str, str]:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """On the worker that ran the phase, while the exception object is at hand: its typed
+    fields ride on the report to the controller."""
+    report = yield
+    found = outcomes.of_call(item, call)
+    if found is not None:
+        outcomes.attach(report, found)
+    return report
+
+
+def _outcome_of(report: pytest.TestReport) -> dict[str, Any]:
+    """A phase's status and reason (a failure: its kind and wait) from the report's typed
+    fields. Only a report no runner made (xdist's for a crashed worker) carries none: it failed,
+    and pytest's own first line says how."""
     if report.passed:
-        return Status.PASSED.value, ""
+        return {"status": Status.PASSED.value, "reason": ""}
+    found = outcomes.read(report)
+    if found is not None:
+        return found
     if report.skipped:
-        raw = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        text = raw.removeprefix("Skipped: ")
-        for status in (Status.NOT_APPLICABLE, Status.ENVIRONMENT_BLOCKED, Status.BLOCKED):
-            if text.startswith(status.value + ": "):
-                return status.value, text[len(status.value) + 2 :]
-        return Status.SKIPPED.value, text
-    crash = getattr(report.longrepr, "reprcrash", None)
-    message = crash.message if crash is not None else str(report.longrepr)
-    line = message.splitlines()[0] if message else "failed"
-    # No Python class name in a reason (a scenario's own failure is worded by describe_failure;
-    # this is what broke around it: a fixture, the node's setup).
-    return Status.FAILED.value, _CLASS_PREFIX.sub("", line) or "failed"
-
-
-# pytest words a failure "module.ExceptionName: message".
-_CLASS_PREFIX = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Expired|Exit)\b:? ?")
+        return {"status": Status.SKIPPED.value, "reason": "skipped"}
+    lines = str(report.longrepr).strip().splitlines()
+    return {"status": Status.FAILED.value, "reason": lines[0] if lines else "failed"}
 
 
 def _check_id(nodeid: str) -> str | None:
@@ -258,9 +267,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     )
     entry["duration_s"] = round(entry["duration_s"] + report.duration, 6)
     if report.when == "call" or not report.passed:
-        status, reason = _status_from_report(report)
+        found = _outcome_of(report)
         if entry["status"] == Status.PASSED.value:  # the first non-pass wins
-            entry["status"], entry["reason"] = status, reason
+            entry["status"], entry["reason"] = found["status"], found["reason"]
+            for key in ("failure", "wait"):
+                if key in found:
+                    entry[key] = found[key]
     if report.when != "teardown":
         return
     raw = str(dict(report.user_properties).get(USER_PROP) or "")

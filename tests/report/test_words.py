@@ -6,8 +6,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conformance.report import svg, words
-from conformance.report.model import CheckView, Event, infer_kind
+from conformance.report import legacy, svg, words
+from conformance.report.model import CheckView, Event
 
 
 @pytest.mark.parametrize(
@@ -50,20 +50,31 @@ def test_unknown_metrics_are_shown_not_dropped() -> None:
     ]
 
 
-def test_reasons_name_the_wait_or_the_error() -> None:
+def old(reason: str) -> legacy.Recovered:
+    return legacy.read_pre_1_3_check({"status": "failed", "reason": reason})
+
+
+def test_pre_1_3_reasons_name_the_wait_or_the_error() -> None:
+    """Results written before 1.3 (here, before 1.2) carry the wait only in its message."""
     wait = (
         "conformance.contract.wait.WaitExpired: "
         "wait 'plugin readiness (x)' expired after 60s (last: False)"
     )
-    legacy = words.legacy_wait(wait)  # a results file before schema 1.2: read from the text
-    assert legacy is not None
-    assert (legacy.awaited, legacy.after, legacy.last) == ("plugin readiness (x)", "60 s", "False")
-    assert words.reason_in_words(wait) == (
-        "waited 60 s for plugin readiness (x): the condition still did not hold"
+    found = old(wait)
+    assert found.wait is not None and found.failure == "wait"
+    assert (found.wait.awaited, found.wait.after, found.wait.last) == (
+        "plugin readiness (x)",
+        "60 s",
+        "False",
     )
-    assert words.reason_in_words("AssertionError: 3 torn reads") == "3 torn reads"
+    assert found.said == "waited 60 s for plugin readiness (x): the condition still did not hold"
+    assert (old("AssertionError: 3 torn reads").said, old("3 torn reads").failure) == (
+        "3 torn reads",
+        "assertion",
+    )
     # no Python class name reaches a reason
-    assert words.reason_in_words("RuntimeError: boom") == "the check could not go on: boom"
+    broke = old("RuntimeError: boom")
+    assert (broke.said, broke.failure) == ("the check could not go on: boom", "error")
 
 
 def test_typed_wait_fields_become_a_sentence() -> None:
@@ -112,11 +123,12 @@ def test_typed_wait_fields_become_a_sentence() -> None:
         ("storm stopped", "info"),
     ],
 )
-def test_event_kinds_from_the_scenarios_wording(name: str, kind: str) -> None:
-    assert infer_kind(name) == kind
+def test_pre_1_3_event_kinds_from_the_scenarios_wording(name: str, kind: str) -> None:
+    found = legacy.read_pre_1_3_check({"timeline": [{"name": name, "t_s": 0.0}]})
+    assert found.kinds == [kind]
 
 
-def check(status: str = "passed", reason: str = "") -> CheckView:
+def check(status: str = "passed", reason: str = "", wait: words.Wait | None = None) -> CheckView:
     timeline = [
         Event("ready (before fault)", 0.001, "ready"),
         Event("missing <spec> injected", 0.002, "fault"),
@@ -125,7 +137,7 @@ def check(status: str = "passed", reason: str = "") -> CheckView:
     ]
     metrics: dict[str, words.Metric] = {"recovery_s": 0.003}
     return CheckView(
-        "cdi-missing", "cdi", "Missing", status, reason, 1.0, metrics, [], timeline, []
+        "cdi-missing", "cdi", "Missing", status, reason, 1.0, metrics, [], timeline, [], wait=wait
     )
 
 
@@ -144,10 +156,12 @@ def test_timeline_draws_every_event_and_the_outage() -> None:
 
 
 def test_a_failed_timeline_ends_in_the_failure() -> None:
-    reason = (
-        "conformance.contract.wait.WaitExpired: wait 'spec again' expired after 3s (last: None)"
-    )
-    root = elements(svg.timeline(check("failed", reason)))
+    from conformance.contract.wait import expired
+
+    facts = expired("spec again", 3, None).facts
+    assert facts is not None
+    wait = words.Wait.of(facts.to_json())
+    root = elements(svg.timeline(check("failed", facts.sentence(), wait)))
     ns = "{http://www.w3.org/2000/svg}"
     failed = [t.text for t in root.iter(f"{ns}text") if "failed" in str(t.get("class"))]
     assert failed == ["failed: spec again"]
