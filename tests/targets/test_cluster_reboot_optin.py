@@ -225,3 +225,16 @@ def _varint_bytes(n: int) -> bytes:
         out += bytes([low | (0x80 if n else 0)])
         if not n:
             return out
+
+
+def test_in_container_faults_refuse_a_reboot_only_where_they_remap_the_device() -> None:
+    """The remap of a host /dev view is made inside the running container, which a reboot
+    replaces before it could be made again; a plugin mounting its device itself (go-kvm: a
+    CharDevice hostPath at /dev/kvm) gets no remap there, so its reboot still runs."""
+    docker = DockerExecAccess(CommandRunner(), "hvt-control-plane")
+    node = _node(docker, target="kind")
+    node.inside = object()
+    node.layout = SimpleNamespace(mounts={"device": "/dev/kvm", "cdi": "/var/run/cdi"})
+    assert _reason(node) == ""
+    node.layout = SimpleNamespace(mounts={"host_dev": "/host/dev"})
+    assert "starts in a new one" in _reason(node)

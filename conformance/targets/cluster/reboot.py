@@ -210,7 +210,11 @@ class ClusterNodeFaults:
                 f"node access through {self.access.where} rides on the kubelet and on a pod "
                 "sandbox, which the reboot stops and removes"
             )
-        if getattr(self, "inside", None) is not None:  # InsideFaults' in-container faults
+        # InsideFaults' in-container device remap (a host /dev view the plugin reads); a plugin
+        # that mounts its device itself gets no remap there, so nothing is lost at the reboot
+        layout = getattr(self, "layout", None)
+        remap_inside = layout is not None and "host_dev" in layout.mounts
+        if getattr(self, "inside", None) is not None and remap_inside:
             return (
                 "the plugin's device is made unusable inside its running container here; a "
                 "rebooted node's plugin starts in a new one, before that could be done"
