@@ -41,7 +41,7 @@ from conformance.contract.target_report import merge_reports
 from conformance.metadata.twophase import TwoPhase
 from conformance.scenarios import BY_ID, CATALOGUE, CLEANUP, Check
 from conformance.suite import environment, evidence, identity, outcomes, preflight, session_checks
-from conformance.targets import open_target
+from conformance.targets import TARGETS, open_target
 from conformance.targets.local.netns import RunOwner
 
 USER_PROP = "hv_check"
@@ -111,8 +111,9 @@ def node(request: pytest.FixtureRequest) -> Iterator[Node]:
     # startup verdict once it is up, final verdict after it is gone. On kind the cluster
     # lifecycle runs the phases itself (startup takes the node's kvm group); an AKS node's device
     # is not on this host, so there is nothing here to check.
-    two_phase = None if target == "aks" else TwoPhase("/dev/kvm")
-    local_phases = target in ("local", "node")
+    phases = TARGETS[target].host_metadata  # who runs the two-phase check: the target's trait
+    two_phase = None if phases == "none" else TwoPhase("/dev/kvm")
+    local_phases = phases == "suite"
     # What runs as the plugin, read back once the node is up and once at the end, and how the
     # node's setup ended when it never came up (conformance.suite.identity).
     outcome = identity.NodeOutcome(run_dir(), worker_id(config), target)

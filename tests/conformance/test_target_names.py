@@ -20,8 +20,6 @@ LEFT = {
     # the cluster options are still one flat object for kind, AKS and an existing cluster:
     # each target owning its options is the next step of issue 37 item 1
     "contract/cluster_options.py": 4,
-    # the suite's two-phase metadata and pytest glue: read from Target.host_metadata next
-    "suite/pytest_plugin.py": 2,
     # `hvconform profile check` explains each target in turn: its table moves with item 1
     "profile_tool/explain.py": 1,
 }
@@ -72,3 +70,10 @@ def test_the_scan_finds_a_comparison() -> None:
         _is_target_literal(c) or _is_target_literal(n.left) for n in hits for c in n.comparators
     )
     assert len(hits) == 2
+
+
+def test_every_target_says_who_runs_the_host_metadata_check() -> None:
+    assert {t.host_metadata for t in TARGETS.values()} <= {"suite", "target", "none"}
+    # the device of an AKS node is not on this machine; kind's lifecycle takes its kvm group
+    assert TARGETS["aks"].host_metadata == "none" and TARGETS["kind"].host_metadata == "target"
+    assert [n for n, t in TARGETS.items() if t.host_metadata == "suite"] == ["local", "node"]
