@@ -64,3 +64,16 @@ def cluster_mode_nodes(count: int) -> Iterator[dict[str, str]]:
         left = stack.down()
         assert not left, f"node-down left: {left}"
         assert kvm() == before, "/dev/kvm changed"
+
+
+def live_module(env: str) -> bool:
+    """Whether a live node-stack module gated on `env` really runs (its USES_NODE_STACK: only
+    then does it take the machine's node lock)."""
+    return bool(os.environ.get(env))
+
+
+def skip_unless_live(env: str, session: str) -> None:
+    """Skip, naming the session that runs it, unless `env` is set: apart from `tests` for CI's
+    time."""
+    if not os.environ.get(env):
+        pytest.skip(f"runs in `nox -s {session}` ({env}=1): apart from `tests` for CI's time")

@@ -16,7 +16,6 @@ node-build`.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -29,11 +28,11 @@ from conformance.contract.results import validate_results
 from conformance.targets.realnode import NODE_NAME
 from tests.container.gokvm import NEVER_BACK_SELECTION, NEVER_BACK_VERDICTS, variant_profile
 from tests.fixture_plugins import GO_KVM_DIR
-from tests.realnode.live_runs import cluster_mode_nodes
+from tests.realnode.live_runs import cluster_mode_nodes, live_module, skip_unless_live
 
 # the machine's one node stack, locked only when this module really runs (apart from `tests`,
 # it would only wait for the lock to skip: 208 s of a CI worker, measured)
-USES_NODE_STACK = bool(os.environ.get("HV_EXEC_PROBES_LIVE"))
+USES_NODE_STACK = live_module("HV_EXEC_PROBES_LIVE")
 pytestmark = pytest.mark.timeout(2400)
 EXEC_PROFILE = GO_KVM_DIR / "profile-exec.yaml"
 # The faults that take the plugin's readiness away while its process keeps running.
@@ -43,9 +42,7 @@ UNREADY_FAULTS = {"cdi-missing", "cdi-read-only", "registration-failure",
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[dict[str, str]]:
-    if not os.environ.get("HV_EXEC_PROBES_LIVE"):
-        pytest.skip("runs in `nox -s exec-probes-live` (HV_EXEC_PROBES_LIVE=1): apart from "
-                    "`tests` for CI's time")  # fmt: skip
+    skip_unless_live("HV_EXEC_PROBES_LIVE", "exec-probes-live")
     from conformance.targets.realnode import node_images
     from tests.container.fixture_image import ensure_in_suite_engine
 

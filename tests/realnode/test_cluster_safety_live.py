@@ -31,20 +31,18 @@ from conformance.targets.cluster.access import STATE_DIR
 from conformance.targets.cluster.kube import KubeApi
 from conformance.targets.cluster.workloads import RUN_ID_LABEL
 from conformance.targets.realnode import NODE_NAME
-from tests.realnode.live_runs import cluster_mode_nodes
+from tests.realnode.live_runs import cluster_mode_nodes, live_module, skip_unless_live
 
 # the machine's one node stack, locked only when this module really runs (apart from `tests`,
 # it would only wait for the lock to skip: 208 s of a CI worker, measured)
-USES_NODE_STACK = bool(os.environ.get("HV_CLUSTER_SAFETY_LIVE"))
+USES_NODE_STACK = live_module("HV_CLUSTER_SAFETY_LIVE")
 pytestmark = pytest.mark.timeout(1800)
 RBAC = "rbac.authorization.k8s.io/v1"
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[dict[str, str]]:
-    if not os.environ.get("HV_CLUSTER_SAFETY_LIVE"):
-        pytest.skip("runs in `nox -s cluster-safety-live` (HV_CLUSTER_SAFETY_LIVE=1): apart from "
-                    "`tests` for CI's time")  # fmt: skip
+    skip_unless_live("HV_CLUSTER_SAFETY_LIVE", "cluster-safety-live")
     with cluster_mode_nodes(1) as made:
         yield made
 
