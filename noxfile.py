@@ -255,6 +255,19 @@ def exec_probes_live(session: nox.Session) -> None:
     _pytest(session, live, *session.posargs, env={"HV_EXEC_PROBES_LIVE": "1"})
 
 
+@nox.session(python=PYTHON, name="dra-live")
+def dra_live(session: nox.Session) -> None:
+    """Issue 28 live on the node stack: this repository's DRA driver and its two mutants judged
+    on the node target (tests/realnode/test_dra_suite_live.py), and one node pool moved from the
+    device plugin to the DRA driver with pod specs unchanged, on two cluster-mode nodes
+    (tests/realnode/test_migration_live.py). Apart from `tests` for CI's time (about 12 min of
+    the node stack); needs `nox -s node-build`."""
+    session.install("-e", ".[dev]")
+    _helm(session)  # the migration installs the chart's two releases with helm
+    live = ("tests/realnode/test_dra_suite_live.py", "tests/realnode/test_migration_live.py")
+    _pytest(session, *live, *session.posargs, env={"HV_DRA_LIVE": "1"})
+
+
 @nox.session(python=PYTHON, name="kind-live")
 def kind_live(session: nox.Session) -> None:
     """The live kind tests (tests/kindnode/test_kind_live.py, test_kind_dra_live.py): the kind

@@ -9,6 +9,11 @@ say it exactly (the local family: `plugin_log_offset`/`plugin_log_since`, a byte
 plugin's log file), the cut is exact; elsewhere the last lines of the log when the check started
 are found again in the log at its end (`plugin_log_tail`, every target has it) and what follows
 them is the window. The check's own timeline is already its window (results.json).
+
+Where the cut is by anchor, the restore may replace the plugin (a pod restarted, a container
+re-created) and with it the log the check's failure is in: what the plugin had written when
+the check ended is therefore read before the restore (`at_check_end`), and the restore's lines
+follow it, said to be a new instance's when the log they come from is not the same.
 """
 
 from __future__ import annotations
@@ -91,6 +96,36 @@ def plugin_window(node: Any, window: Window) -> str:
     return f"{HEADER}{head}\n{kept}\n" if kept else f"{HEADER}{head}\n"
 
 
+def at_check_end(node: Any, window: Window) -> str | None:
+    """The plugin's window as the check left it, read before the restore can replace the
+    plugin; None where the cut is exact (a log file of the node's own loses nothing)."""
+    if window.offset is not None:
+        return None
+    try:
+        return plugin_window(node, window)
+    except Exception:  # evidence never decides a verdict
+        return None
+
+
+def with_restore(node: Any, window: Window, at_end: str) -> str:
+    """`at_end`, then the lines the plugin wrote during the restore: found after the last lines
+    it had written at the check's end, or the whole log of the instance that replaced it."""
+    kept = _lines(at_end)
+    anchor = [line for line in kept[-ANCHOR_LINES:] if not line.startswith(HEADER)]
+    lines = _lines(node.plugin_log_tail(MAX_LINES))
+    start = after_anchor(lines, anchor or window.anchor)
+    if start is None:
+        head = (
+            "the restore replaced the plugin (its log does not hold the lines above): the new "
+            "instance's log"
+        )
+        start = 0
+    else:
+        head = "the plugin's log during the restore"
+    rest = "\n".join(lines[start:])
+    return f"{at_end.rstrip()}\n{HEADER}{head}\n" + (f"{rest}\n" if rest else "")
+
+
 def kubelet_window(node: Any, window: Window) -> str | None:
     """The kubelet's (or emulator's) records of the window, t relative to the check's start;
     None when the node keeps none."""
@@ -114,9 +149,16 @@ def kubelet_window(node: Any, window: Window) -> str | None:
     return head + "".join(f"{line}\n" for line in shown)
 
 
-def write(node: Any, rec: Recorder, window: Window) -> None:
-    """The check's evidence files; a source that cannot be read is noted, never fatal."""
-    for name, make in ((PLUGIN_LOG, plugin_window), (KUBELET_LOG, kubelet_window)):
+def write(node: Any, rec: Recorder, window: Window, at_end: str | None = None) -> None:
+    """The check's evidence files; a source that cannot be read is noted, never fatal.
+    `at_end`: the plugin's window read when the check ended (at_check_end), before the restore."""
+
+    def plugin(node: Any, window: Window) -> str:
+        if at_end is None:
+            return plugin_window(node, window)
+        return with_restore(node, window, at_end)
+
+    for name, make in ((PLUGIN_LOG, plugin), (KUBELET_LOG, kubelet_window)):
         try:
             content = make(node, window)
         except Exception as exc:  # evidence never decides a verdict

@@ -190,8 +190,9 @@ def run_check(node: Node, check: Check, rec: Recorder) -> None:
         rec.record.status = Status.FAILED.value
         raise
     finally:
+        at_end = evidence.at_check_end(node, window)  # before the restore replaces the plugin
         _restore(node, check, rec)
-        evidence.write(node, rec, window)
+        evidence.write(node, rec, window, at_end)
 
 
 def _end(rec: Recorder, outcome: Outcome) -> None:

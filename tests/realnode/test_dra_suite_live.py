@@ -7,7 +7,8 @@ judges DRA, and each mutant driver is caught by exactly the checks of what it la
   (the checks after it on that node end blocked, never failed for it).
 
 Each run is a real `hvconform run --target node` in a subprocess; the node stack is brought up
-and down by the run itself (one node stack per machine: conftest's lock).
+and down by the run itself (one node stack per machine: conftest's lock). Runs in `nox -s
+dra-live` (apart from `tests` for CI's time).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import yaml
 from conformance.contract.dra_profile import API_DRA
 from conformance.scenarios import CATALOGUE
 from conformance.targets.realnode import BIN, REPO
-from tests.realnode.live_runs import run_node, statuses
+from tests.realnode.live_runs import live_module, run_node, skip_unless_live, statuses
 
-USES_NODE_STACK = True  # conftest: one node stack at a time on this machine
+# the machine's one node stack, locked only when this module really runs: apart from `tests`
+# (nox -s dra-live) for CI's time, 274 s of the node stack's serialized time in a CI log
+USES_NODE_STACK = live_module("HV_DRA_LIVE")
 
 pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow]
 PROFILE = REPO / "conformance" / "profiles" / "hv-dra-driver.yaml"
@@ -32,6 +35,7 @@ CDI_REPAIR = {"cdi-missing", "cdi-stale", "cdi-malformed", "cdi-non-regular"}
 
 @pytest.fixture(scope="module", autouse=True)
 def _built() -> None:
+    skip_unless_live("HV_DRA_LIVE", "dra-live")
     missing = [n for n in ("kubelet", "kube-apiserver", "kube-scheduler") if not (BIN / n).exists()]
     if missing:
         pytest.skip(f"the node is not built ({', '.join(missing)}): run `nox -s node-build`")

@@ -19,8 +19,8 @@ what the scheduler's rule needs, and the same spec still runs there through DRA 
 back the same way (relabel pool=dp), the same spec runs through the device plugin again.
 
 Every figure is printed (`pytest -s`) and written to migration-timings.json under tmp_path.
-Needs the node built (`nox -s node-build`; skipped with that reason when it is not) and no other
-node up on this machine.
+Runs in `nox -s dra-live` (apart from `tests` for CI's time). Needs the node built (`nox -s
+node-build`; skipped with that reason when it is not) and no other node up on this machine.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from conformance.contract.wait import wait_for
 from conformance.targets.cluster.kube import KubeApi, Obj
 from conformance.targets.realnode import node_images, nodes, procs, stack
 from plugin.api.names import HYPERVISOR_RESOURCE
-from tests.realnode.live_runs import kvm
+from tests.realnode.live_runs import kvm, live_module, skip_unless_live
 from tests.realnode.pool_guests import Guests, via_device_plugin, via_dra
 from tests.realnode.pools import (
     CLUSTER_KINDS,
@@ -57,7 +57,9 @@ from tests.realnode.pools import (
     uninstall,
 )
 
-USES_NODE_STACK = True  # conftest: one node stack at a time on this machine
+# the machine's one node stack, locked only when this module really runs: apart from `tests`
+# (nox -s dra-live) for CI's time, 424 s of the node stack's serialized time in a CI log
+USES_NODE_STACK = live_module("HV_DRA_LIVE")
 
 # two nodes up, two releases rolled out, five guest pods, the kubelet's 5 min grace measured
 pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -77,6 +79,7 @@ DRAIN = ["--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[dict[str, Any]]:
+    skip_unless_live("HV_DRA_LIVE", "dra-live")
     if not KUBECTL:
         pytest.skip("kubectl not found: run `nox -s kind-image` (builds it) or install kubectl")
     if missing := nodes.has_tools():
