@@ -23,7 +23,7 @@ from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
 from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.runcontext import ENV_CONTEXT, RunContext
 from conformance.scenarios import CATALOGUE, CLEANUP
-from conformance.targets import TARGETS, announce, plan_text
+from conformance.targets import TARGETS, announce, cluster_options, plan_text
 from conformance.targets.honour import refusal
 
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
@@ -98,7 +98,8 @@ def _cluster_options(
             values_for=ns.values_for,
             values_files=tuple(ns.values_files),
             **({"diag_image": ns.diag_image} if ns.diag_image else {}),
-        ).validate()
+        )
+        options = cluster_options(ns.target, options)  # every cluster's rules, then the target's
         if not ns.dry_run:
             options = cluster_nodes.resolve(options)  # --all-nodes: the nodes, by name
     except ValueError as exc:

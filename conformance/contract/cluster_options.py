@@ -1,21 +1,22 @@
 """The options of a run on a cluster target (kind, AKS, an existing cluster), defined once.
 
 They live in the contract because the run context carries them from the CLI to the cluster
-family typed; the cluster family (targets/cluster) is their only reader besides the CLI. The
-names of the cluster targets are checked against the target registry by a test.
+family typed; the cluster family (targets/cluster) is their only reader besides the CLI. What
+holds for every cluster is checked here (`validate`); what one target requires (AKS's resource
+group, an existing cluster's kubeconfig and nodes, kind's one hypervisor) is that target's own
+rule, applied with these by the registry (conformance.targets.cluster_options): nothing here
+names a target.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from conformance.contract import imageref
 from conformance.contract.datafiles import data_root
 
-CLUSTER_TARGETS = ("cluster", "kind", "aks")
 HYPERVISORS = ("kvm", "mshv")
 NODE_ACCESS = ("pod", "direct")
 NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
@@ -32,7 +33,8 @@ class ClusterOptions:
     target: str = "kind"
     image: str = "hv-device-plugin:0.1.0"
     guest_image: str = ""  # workload pods; default: the plugin image (it ships the guest)
-    namespace: str = ""  # plugin namespace; default per target (see `plugin_namespace`)
+    namespace: str = ""  # plugin namespace (--namespace); else the target's, else one per run
+    default_namespace: str = ""  # the target's own (its Target.plugin_namespace), set with it
     hypervisor: str = "kvm"
     run_id: str = "run"
     workdir: str = "/tmp/hvconform-cluster"  # kubeconfigs and the cluster report live here
@@ -73,10 +75,9 @@ class ClusterOptions:
 
     @property
     def plugin_namespace(self) -> str:
-        # On AKS the namespace is per run: deleting it can never remove someone else's install.
-        if self.namespace:
-            return self.namespace
-        return "hyperlight-system" if self.target == "kind" else f"hvconform-{self.short_id}"
+        # Per run unless the user or the target names one: deleting it can never remove
+        # someone else's install.
+        return self.namespace or self.default_namespace or f"hvconform-{self.short_id}"
 
     @property
     def work_namespace(self) -> str:
@@ -98,15 +99,9 @@ class ClusterOptions:
         return f"/dev/{self.hypervisor}"
 
     def validate(self) -> ClusterOptions:
-        """Refuse what would make a run unsafe or ambiguous; return self for chaining."""
-        if self.target not in CLUSTER_TARGETS:
-            raise ValueError(
-                f"unknown cluster target {self.target!r}: {', '.join(CLUSTER_TARGETS)}"
-            )
+        """Refuse what would make a run on any cluster unsafe or ambiguous; return self."""
         if self.hypervisor not in HYPERVISORS:
             raise ValueError(f"--hypervisor must be kvm or mshv, got {self.hypervisor!r}")
-        if self.target == "kind" and self.hypervisor != "kvm":
-            raise ValueError("kind nodes get the host's /dev/kvm only: --hypervisor kvm")
         # kind load and IfNotPresent need a fixed tag; :latest would be pulled, not loaded. The
         # guest image travels the same way; the node and diagnostic images are only pulled.
         for flag, image, pinned in (
@@ -118,26 +113,9 @@ class ClusterOptions:
             problem = imageref.problem(image, pinned=pinned) if image or flag == "--image" else None
             if problem:
                 raise ValueError(f"{flag} {problem}")
-        if self.target == "aks" and not (self.resource_group and self.cluster):
-            raise ValueError("the aks target needs --resource-group and --cluster (no defaults)")
         if self.node_access not in NODE_ACCESS:
             raise ValueError(f"--node-access must be pod or direct, got {self.node_access!r}")
-        if self.target == "cluster":
-            self._validate_existing()
         return self
-
-    def _validate_existing(self) -> None:
-        if not self.kubeconfig:
-            raise ValueError(
-                "the cluster target needs --kubeconfig FILE (it never makes a cluster)"
-            )
-        if not Path(self.kubeconfig).is_file():
-            raise ValueError(f"--kubeconfig {self.kubeconfig!r} is not a readable file")
-        if bool(self.nodes) == self.all_nodes:
-            raise ValueError("the cluster target needs --node NAME (repeatable) or --all-nodes")
-        bad = [n for n in self.nodes if not NODE_NAME.fullmatch(n)]
-        if bad:
-            raise ValueError(f"--node {bad[0]!r} is not a Kubernetes node name")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

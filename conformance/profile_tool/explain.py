@@ -18,6 +18,7 @@ from conformance.contract.plugin import PluginUnderTest, Probe
 from conformance.contract.results import EnvironmentBlocked
 from conformance.contract.strict_json import one_line
 from conformance.manifests.render import ManifestError
+from conformance.targets import TARGETS
 from conformance.targets.honour import refusal
 from conformance.targets.local.liveness import FAILURE_THRESHOLD, PERIOD_S
 
@@ -105,7 +106,11 @@ def _cluster(plugin: PluginUnderTest, target: str) -> list[str]:
     from conformance.targets.cluster.workloads import prepare
 
     assert plugin.deploy is not None  # refusal() said so
-    options = ClusterOptions(target=target, image=plugin.deploy.image)
+    # the target's traits as the registry fills them; not its checks (no kubeconfig here)
+    traits = TARGETS[target]
+    options = ClusterOptions(
+        target=target, image=plugin.deploy.image, default_namespace=traits.plugin_namespace
+    )
     rendered, _ = render_objects(options, plugin)  # the blast-radius gate included
     _, layout = prepare(rendered.objects, pods=plugin.deploy.pods, paths=plugin.paths)
     if layout.health_port is not None:
@@ -124,7 +129,7 @@ def _cluster(plugin: PluginUnderTest, target: str) -> list[str]:
         "  liveness: the container running and not restarted, and no kubelet event of a "
         f"liveness kill ({probe})",
     ]
-    if target in ("aks", "cluster"):
+    if "mshv" in traits.hypervisors:
         mshv = options.with_(hypervisor="mshv")
         lines.append(f"  with --hypervisor mshv: objects of key {values_key(mshv)!r}")
     return lines

@@ -42,6 +42,12 @@ class Target:
     # this machine: AKS).
     host_metadata: str = "suite"
     pool: bool = False  # several --node at once: one suite process per node, one deploy
+    # The devices its nodes can offer (--hypervisor): kind's nodes get this machine's /dev/kvm.
+    hypervisors: tuple[str, ...] = ("kvm", "mshv")
+    # The plugin's namespace when --namespace is not given; "": one per run (hvconform-<run>),
+    # so deleting it can never remove someone else's install. A throwaway cluster may use the
+    # chart's own.
+    plugin_namespace: str = ""
 
 
 # How a runtime other than the default is implemented (local target only).
@@ -67,6 +73,8 @@ TARGETS: dict[str, Target] = {
         cluster=True,
         serial=True,
         host_metadata="target",
+        hypervisors=("kvm",),
+        plugin_namespace="hyperlight-system",
     ),
     "aks": Target(
         "conformance.targets.cluster.aks",
@@ -130,14 +138,32 @@ def cluster_module(name: str) -> Any:
     return module_for(name)
 
 
+def cluster_options(name: str, options: Any) -> Any:
+    """`options` (ClusterOptions) as target `name` runs them: its traits filled in (the plugin
+    namespace), then checked by the rules of every cluster (ClusterOptions.validate) and by the
+    target's own (its hypervisors; its family module's `check_options`). ValueError names the
+    flag to fix."""
+    module, target = cluster_module(name), TARGETS[name]
+    resolved = options.with_(target=name, default_namespace=target.plugin_namespace).validate()
+    if resolved.hypervisor not in target.hypervisors:
+        offered = " or ".join(f"/dev/{h}" for h in target.hypervisors)
+        raise ValueError(
+            f"the {name} target's nodes offer {offered} only: --hypervisor {target.hypervisors[0]}"
+        )
+    rules: Callable[[Any], None] | None = getattr(module, "check_options", None)
+    if rules is not None:
+        rules(resolved)
+    return resolved
+
+
 def build_plan(
     name: str, options: Any, *, objects: list[dict[str, Any]] | None = None, plugin: Any = None
 ) -> Any:
     """Every step of a cluster run in order, cleanup included; executes nothing."""
-    return cluster_module(name).build_plan(options.with_(target=name).validate(), objects, plugin)
+    return cluster_module(name).build_plan(cluster_options(name, options), objects, plugin)
 
 
 def plan_text(name: str, options: Any, plugin: Any = None) -> str:
     """What `--dry-run` prints: the plan that deploys `plugin` (its profile's objects)."""
-    text: str = cluster_module(name).plan_text(options.with_(target=name).validate(), plugin)
+    text: str = cluster_module(name).plan_text(cluster_options(name, options), plugin)
     return text

@@ -16,13 +16,7 @@ ROOT = Path(__file__).resolve().parents[2] / "conformance"
 NAMES = set(TARGETS)
 
 # path -> number of comparisons left there, and why they are still there.
-LEFT = {
-    # the cluster options are still one flat object for kind, AKS and an existing cluster:
-    # each target owning its options is the next step of issue 37 item 1
-    "contract/cluster_options.py": 4,
-    # `hvconform profile check` explains each target in turn: its table moves with item 1
-    "profile_tool/explain.py": 1,
-}
+LEFT: dict[str, int] = {}
 
 
 def _names_target(node: ast.expr) -> bool:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from conformance.targets import cluster_options
 from conformance.targets.cluster import kindbin
 from conformance.targets.cluster.access import CommandRunner
 from conformance.targets.cluster.kind import KindLifecycle
@@ -46,15 +47,18 @@ def lifecycle(
     engine fixture's engine, with the images of `nox -s image`; nothing runs until its runbook."""
     n = next(serial)
     kw = {"image": env["tags"]["plugin"], "guest_image": env["tags"]["guest"], **kw}
-    options = ClusterOptions(
-        target="kind",
-        run_id=f"kl{os.getpid()}{n}",
-        workdir=str(tmp_path / "work"),
-        cluster_name=f"hvt-{os.getpid()}-{n}",
-        node_image=NODE_IMAGE,
-        kind_config=str(ROOT / "kind" / config),
-        **kw,
-    ).validate()
+    options = cluster_options(
+        "kind",
+        ClusterOptions(
+            target="kind",
+            run_id=f"kl{os.getpid()}{n}",
+            workdir=str(tmp_path / "work"),
+            cluster_name=f"hvt-{os.getpid()}-{n}",
+            node_image=NODE_IMAGE,
+            kind_config=str(ROOT / "kind" / config),
+            **kw,
+        ),
+    )
     run_env = dict(kindbin.kind_env() or os.environ, DOCKER_HOST=env["host"])
     runner = CommandRunner(tmp_path / "work" / "commands.log", env=run_env)
     return make(options, runner)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conformance.targets import build_plan
+from conformance.targets import build_plan, cluster_options
 from conformance.targets.cluster.access import DirectAccess, NodeAccessError, local_kubelet
 from conformance.targets.cluster.existing import ExistingLifecycle, parse
 from conformance.targets.cluster.plan import ClusterOptions, Step
@@ -80,7 +80,7 @@ def test_the_shipped_profile_applies_what_hvconform_manifests_prints(tmp_path: P
 )
 def test_unusable_cluster_options_are_refused(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        options(**change).validate()
+        cluster_options("cluster", options(**change))
 
 
 def test_the_cli_refuses_a_missing_kubeconfig_in_one_line(tmp_path: Path) -> None:
@@ -102,7 +102,7 @@ def _shape(step: Step) -> tuple[Any, ...]:
 
 
 def test_kind_is_the_cluster_target_plus_its_own_create_and_delete() -> None:
-    kind = options(target="kind", keep_cluster=True)
+    kind = cluster_options("kind", options(target="kind", keep_cluster=True))
     objects = recorded_objects(kind.plugin_namespace)
     kind_steps = build_plan("kind", kind, objects=objects)
     cluster = options(node_access="direct", namespace=kind.plugin_namespace)

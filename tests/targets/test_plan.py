@@ -14,7 +14,7 @@ import pytest
 from conformance.contract import runcontext
 from conformance.contract.plugin import resolve as resolve_plugin
 from conformance.contract.runcontext import RunContext
-from conformance.targets import build_plan
+from conformance.targets import build_plan, cluster_options
 from conformance.targets.cluster.plan import ClusterOptions, render_plan
 from conformance.targets.cluster.run import values_key
 from tests.targets.conftest import RUN_ID, recorded_objects
@@ -33,7 +33,8 @@ KUBECONFIG = PLANS / "kubeconfig.yaml"
 
 
 def golden_options(**kw: Any) -> ClusterOptions:
-    return ClusterOptions(
+    """As the CLI hands them to the target: resolved by the registry (its traits filled)."""
+    options = ClusterOptions(
         image="hv-device-plugin:0.1.0",
         run_id=RUN_ID,
         workdir="/tmp/hvconform-plan",
@@ -43,6 +44,7 @@ def golden_options(**kw: Any) -> ClusterOptions:
         kubeconfig=str(KUBECONFIG),
         **kw,
     )
+    return cluster_options(options.target, options)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -77,14 +79,14 @@ def test_building_a_plan_touches_nothing(tmp_path: Path, monkeypatch: pytest.Mon
         ({"image": "hv-device-plugin:latest"}, "explicit tag"),
         ({"image": "hv-device-plugin"}, "explicit tag"),
         ({"target": "aks", "resource_group": ""}, "--resource-group and --cluster"),
-        ({"target": "kind", "hypervisor": "mshv"}, "kind nodes"),
+        ({"target": "kind", "hypervisor": "mshv"}, "kind target's nodes offer /dev/kvm only"),
         ({"hypervisor": "xen"}, "kvm or mshv"),
     ],
 )
 def test_unsafe_options_are_refused(change: dict[str, Any], message: str) -> None:
     options = golden_options(target="kind").with_(**change)
     with pytest.raises(ValueError, match=message):
-        options.validate()
+        cluster_options(options.target, options)  # every cluster's rules, then the target's
 
 
 def test_options_travel_typed_in_the_run_context(tmp_path: Path) -> None:

@@ -313,6 +313,12 @@ class AksLifecycle(ClusterLifecycle):
         )
 
 
+def check_options(options: ClusterOptions) -> None:
+    """This target's own rule: the cluster it adds a node pool to, named (no defaults)."""
+    if not (options.resource_group and options.cluster):
+        raise ValueError("the aks target needs --resource-group and --cluster (no defaults)")
+
+
 def build_plan(
     options: ClusterOptions,
     objects: list[Obj] | None = None,

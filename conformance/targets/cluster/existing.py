@@ -34,7 +34,7 @@ from conformance.targets.cluster.diag import DIAG_NAME, DiagPods, diag_namespace
 from conformance.targets.cluster.kube import KubeApi, Obj
 from conformance.targets.cluster.lifecycle import Action
 from conformance.targets.cluster.node import ClusterNode
-from conformance.targets.cluster.plan import ClusterOptions, Step
+from conformance.targets.cluster.plan import NODE_NAME, ClusterOptions, Step
 from conformance.targets.cluster.run import (
     RESTORE,
     STATE_MARK,
@@ -291,6 +291,19 @@ def kvm_nodes(api: KubeApi) -> list[str]:
     """Every node the KVM manifests select (the hypervisor label), for --all-nodes."""
     nodes = api.list_objects("v1", "Node", labels=f"{HYPERVISOR_RESOURCE}=kvm")
     return sorted(str(n["metadata"]["name"]) for n in nodes)
+
+
+def check_options(options: ClusterOptions) -> None:
+    """This target's own rules: a cluster it never makes, so its kubeconfig, and the nodes."""
+    if not options.kubeconfig:
+        raise ValueError("the cluster target needs --kubeconfig FILE (it never makes a cluster)")
+    if not Path(options.kubeconfig).is_file():
+        raise ValueError(f"--kubeconfig {options.kubeconfig!r} is not a readable file")
+    if bool(options.nodes) == options.all_nodes:
+        raise ValueError("the cluster target needs --node NAME (repeatable) or --all-nodes")
+    bad = [n for n in options.nodes if not NODE_NAME.fullmatch(n)]
+    if bad:
+        raise ValueError(f"--node {bad[0]!r} is not a Kubernetes node name")
 
 
 def build_plan(

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from conformance.contract.cluster_options import (
-    CLUSTER_TARGETS,
     HYPERVISORS,
     NODE_ACCESS,
     NODE_NAME,
@@ -22,7 +21,6 @@ from conformance.contract.cluster_options import (
 __all__ = ["HYPERVISORS", "NODE_ACCESS", "NODE_NAME", "REPO_ROOT", "ClusterOptions", "Step"]
 
 Phase = Literal["setup", "cleanup", "verify"]
-TARGETS = CLUSTER_TARGETS
 
 
 @dataclass(frozen=True)
