@@ -29,6 +29,7 @@ from tests.kindnode.live import ROOT, serial
 from tests.kindnode.live import assert_nothing_left as _assert_nothing_left
 from tests.kindnode.live import kvm as _kvm
 from tests.kindnode.live import lifecycle as _lifecycle
+from tests.realnode.live_runs import run_output
 
 # the `engine` fixture is tests/kindnode/conftest.py's (shared with test_kind_dra_live.py)
 pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow]
@@ -149,7 +150,7 @@ def test_issue_26_checks_pass_against_the_real_kubelet(
     for check, metrics in ISSUE_26.items():
         assert set(metrics) <= set(checks[check]["metrics"]), checks[check]
     assert checks["node-reboot"]["metrics"]["refused_while_unusable"] >= 1  # asked, refused
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, run_output(proc, out)
     # the environment names the gates: none set by kind/cluster.yaml, the components' own word
     gates = results["environment"]["feature_gates"]
     assert gates["set_by_target"] == {}, gates

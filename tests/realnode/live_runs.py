@@ -23,6 +23,34 @@ def kvm() -> tuple[int, int, int, int]:
     return st.st_mode, st.st_uid, st.st_gid, st.st_rdev
 
 
+EVIDENCE_LINES = 40  # of each evidence file of a failed check, in the assertion message
+
+
+def failed_evidence(out: Path) -> str:
+    """The evidence of every failed check of the run in `out` (the last lines of its plugin and
+    kubelet logs): a CI log then shows what the plugin did, not only that a wait expired."""
+    try:
+        checks = json.loads((out / "results.json").read_text())["checks"]
+    except (OSError, ValueError, KeyError):
+        return ""
+    parts = []
+    for check in checks:
+        if check.get("status") != "failed":
+            continue
+        for name in (f"{check['id']}-plugin.log", f"{check['id']}-kubelet.log"):
+            path = out / "evidence" / name
+            if path.is_file():
+                tail = path.read_text(errors="replace").splitlines()[-EVIDENCE_LINES:]
+                parts.append(f"\n--- {name} (last {len(tail)} lines)\n" + "\n".join(tail))
+    return "".join(parts)
+
+
+def run_output(proc: subprocess.CompletedProcess[str], out: Path) -> str:
+    """What an assertion on a run shows: the tail of what it printed, then its failed checks'
+    evidence."""
+    return proc.stdout[-3000:] + proc.stderr[-2000:] + failed_evidence(out)
+
+
 def run_node(tmp_path: Path, profile: Path, *extra: str, timeout: float = 1500) -> dict[str, Any]:
     """`hvconform run --target node` of `profile`; its results.json, with `_output` (the tail
     of what it printed) for assertion messages. /dev/kvm must be the same afterwards."""
@@ -35,7 +63,7 @@ def run_node(tmp_path: Path, profile: Path, *extra: str, timeout: float = 1500) 
     results = out / "results.json"
     assert results.exists(), proc.stdout[-3000:] + proc.stderr[-2000:]
     data: dict[str, Any] = json.loads(results.read_text())
-    data["_output"] = proc.stdout[-5000:] + proc.stderr[-2000:]
+    data["_output"] = proc.stdout[-5000:] + proc.stderr[-2000:] + failed_evidence(out)
     return data
 
 

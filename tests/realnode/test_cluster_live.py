@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from conformance.targets.realnode import NODE_NAME
-from tests.realnode.live_runs import cluster_mode_nodes
+from tests.realnode.live_runs import cluster_mode_nodes, run_output
 
 USES_NODE_STACK = True  # conftest: one node stack at a time on this machine
 # each test is a whole hvconform run on a real cluster (the first also brings the node up): the
@@ -53,7 +53,7 @@ def _run(cluster: dict[str, str], out: Path, access: str, *extra: str) -> dict[s
         "--diag-image", cluster["guest"], "--out", str(out), *extra,
     ]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, run_output(proc, out)
     results: dict[str, Any] = json.loads((out / "results.json").read_text())
     report: dict[str, Any] = json.loads((out / "cluster-cluster.json").read_text())
     return {"results": results, "report": report}

@@ -31,7 +31,7 @@ from conformance.targets.cluster.access import STATE_DIR
 from conformance.targets.cluster.kube import KubeApi
 from conformance.targets.cluster.workloads import RUN_ID_LABEL
 from conformance.targets.realnode import NODE_NAME
-from tests.realnode.live_runs import cluster_mode_nodes, live_module, skip_unless_live
+from tests.realnode.live_runs import cluster_mode_nodes, live_module, run_output, skip_unless_live
 
 # the machine's one node stack, locked only when this module really runs (apart from `tests`,
 # it would only wait for the lock to skip: 208 s of a CI worker, measured)
@@ -160,7 +160,7 @@ def test_generated_and_opted_in_objects_are_deleted_exactly(
             text=True,
             timeout=1500,
         )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        assert proc.returncode == 0, run_output(proc, out)
         report: dict[str, Any] = json.loads((out / "cluster-cluster.json").read_text())
         assert report["cleanup_ok"], report["verification"]
         assert report["environment"]["opted_in"][0].startswith("ClusterRoleBinding/hv-view-")
