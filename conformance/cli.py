@@ -208,6 +208,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         markexpr=ns.markexpr,
         workers=str(ns.workers),
         cluster=cluster,
+        # read from the flag (or its environment variable) here, once: the target reads the context
+        docker_host=ns.docker_host,
     )
     context_path = ctx.write()
     args = [

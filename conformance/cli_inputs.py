@@ -98,6 +98,19 @@ def image_arg(*, pinned: bool, env: str = "") -> Callable[[str], str]:
     return check
 
 
+DOCKER_HOST_SCHEMES = ("unix://", "tcp://", "ssh://")  # what the docker CLI's -H accepts here
+
+
+def docker_host_arg(raw: str) -> str:
+    """An argparse `type` for --docker-host: empty (a private engine), or an engine URL."""
+    if raw and (not raw.startswith(DOCKER_HOST_SCHEMES) or any(c.isspace() for c in raw)):
+        raise argparse.ArgumentTypeError(
+            f"{raw!r}: an engine URL ({', '.join(s + '...' for s in DOCKER_HOST_SCHEMES)})"
+            + (" (the value of HV_DOCKER_HOST)" if os.environ.get("HV_DOCKER_HOST") == raw else "")
+        )
+    return raw
+
+
 def recovery_problem(seconds: float) -> str | None:
     if not math.isfinite(seconds) or not 0 < seconds <= MAX_RECOVERY_S:
         return f"--recovery-timeout {seconds!r}: a number of seconds above 0, at most {MAX_RECOVERY_S:g}"

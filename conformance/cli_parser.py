@@ -63,6 +63,15 @@ def build_parser(cmd_run: Callable[[argparse.Namespace], int]) -> argparse.Argum
         "containers (the plugin image under Docker, workloads under podman via CDI)",
     )
     run.add_argument(
+        "--docker-host",
+        default=os.environ.get("HV_DOCKER_HOST", ""),
+        type=inputs.docker_host_arg,
+        metavar="URL",
+        help="--runtime container: the Docker engine that runs the plugin container (unix://, "
+        "tcp:// or ssh://, and it must answer); default: a private dockerd the harness starts "
+        "with roots of its own [HV_DOCKER_HOST]",
+    )
+    run.add_argument(
         "--dry-run",
         action="store_true",
         help="kind/aks: print the complete plan and exit; executes nothing",

@@ -39,6 +39,9 @@ class RunContext:
     workers: str = "0"
     cluster: ClusterOptions | None = None  # cluster targets only
     extra: dict[str, str] = field(default_factory=dict)
+    # --runtime container: the engine of the plugin container (--docker-host); "": a private
+    # dockerd the harness starts
+    docker_host: str = ""
 
     @property
     def out(self) -> Path:
@@ -60,6 +63,7 @@ class RunContext:
             "workers": self.workers,
             "cluster": None if self.cluster is None else self.cluster.to_json(),
             "extra": dict(self.extra),
+            "docker_host": self.docker_host,
         }
 
     @classmethod
@@ -78,6 +82,7 @@ class RunContext:
             workers=data["workers"],
             cluster=None if cluster is None else ClusterOptions.from_json(cluster),
             extra=dict(data.get("extra", {})),
+            docker_host=str(data.get("docker_host", "")),
         )
 
     def write(self, path: Path | None = None) -> Path:

@@ -108,6 +108,31 @@ def test_container_runtime_with_an_old_podman(tmp_path: Path) -> None:
     no_node_made(tmp_path)
 
 
+def test_container_runtime_with_an_engine_that_does_not_answer(tmp_path: Path) -> None:
+    """--docker-host travels in the run context (issue 37: no HV_* read inside a target); its
+    environment variable is only the flag's default, read once by the CLI."""
+    host = f"unix://{tmp_path}/absent/docker.sock"
+    args = ["--runtime", "container", "--docker-host", host]
+    proc, data = blocked_run(tmp_path, args, env={"HV_DOCKER_HOST": "tcp://ignored:2375"})
+    line = assert_blocked(proc, data, "Docker engine", "not answering")
+    assert f"needs an engine answering at {host}" in line and "start that engine" in line
+    from_env = blocked_run(
+        tmp_path / "env", ["--runtime", "container"], env={"HV_DOCKER_HOST": host}
+    )
+    assert_blocked(*from_env, "Docker engine", "not answering")
+
+
+def test_a_docker_host_that_is_not_an_engine_url_is_refused_in_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "conformance.cli", "run", "--runtime", "container",
+         "--docker-host", "/var/run/docker.sock", "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=120, cwd=REPO, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "an engine URL (unix://..., tcp://..., ssh://...)" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+
+
 def test_node_with_bookworms_containerd(tmp_path: Path) -> None:
     standin(tmp_path / "bin", "containerd", CONTAINERD_16)
     proc, data = blocked_run(tmp_path, ["--target", "node"], bin_dir=tmp_path / "bin")

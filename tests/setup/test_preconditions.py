@@ -120,13 +120,6 @@ def test_a_docker_engine_that_does_not_answer(
     assert_unmet(finding, failed, ">= 20.10", DOCKER_FIX)
 
 
-def test_an_external_docker_engine_that_does_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HV_DOCKER_HOST", "unix:///nonexistent/docker.sock")
-    finding = requirement("local", "container", "Docker engine").check()
-    assert_unmet(finding, "not answering", "an engine answering at unix:///nonexistent/docker.sock",
-                 "start that engine or unset HV_DOCKER_HOST (a private dockerd is started then)")  # fmt: skip
-
-
 def test_helm_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HV_HELM", "/nonexistent/helm")
     for target in ("kind", "aks"):

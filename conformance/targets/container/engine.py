@@ -5,8 +5,8 @@ sockets (never /var/run/docker.sock, never /run/containerd), no bridge, no iptab
 the harness does touches another engine on the machine or its networks. It is started on demand
 and shared by every user on this machine (xdist workers, `nox -s image`): each user holds a file
 under users/ and the last one to leave stops the engine, if the harness started it. Images live
-on in the data root, so a stopped engine keeps the build cache. `HV_DOCKER_HOST` selects an
-external engine instead, which is never started nor stopped.
+on in the data root, so a stopped engine keeps the build cache. An external engine (a run's
+`--docker-host`, from its run context) is used instead when given, never started nor stopped.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class DockerEngine:
         data_root: Path = DATA_ROOT,
         exec_root: Path = EXEC_ROOT,
         bridge: bool = False,
-        external: str | None = None,
+        external: str = "",
         dockerd_args: tuple[str, ...] = (),
     ) -> None:
         self.ledger = ledger
@@ -83,7 +83,7 @@ class DockerEngine:
         # of its own roots (the kind engine): the default engine keeps every container offline.
         self.data_root, self.exec_root, self.bridge = data_root, exec_root, bridge
         self.dockerd_args = dockerd_args  # e.g. a default runtime of its own
-        self.external = os.environ.get("HV_DOCKER_HOST", "") if external is None else external
+        self.external = external
         self.host = self.external or f"unix://{exec_root}/docker.sock"
         self.started_here = False  # this user started the engine (evidence, not ownership)
         self._user: Path | None = None
@@ -115,7 +115,7 @@ class DockerEngine:
         """Make sure the engine runs; returns its host (a `unix://` URL)."""
         if self.external:
             if not ping(self.external):
-                raise EngineError(f"HV_DOCKER_HOST={self.external} does not answer")
+                raise EngineError(f"the engine at {self.external} (--docker-host) does not answer")
             return self.host
         with self._locked():
             if not ping(self.host):

@@ -110,12 +110,17 @@ class ContainerNode(ContainerWorkloads, LocalNode):
 
     runtime = "container"
 
-    def __init__(self, *, out_dir: Path, worker: str, plugin: PluginUnderTest) -> None:
+    def __init__(
+        self, *, out_dir: Path, worker: str, plugin: PluginUnderTest, docker_host: str = ""
+    ) -> None:
         # Derived first: what cannot be honoured is refused before anything exists.
         self.spec: ContainerSpec = container_spec(plugin)
         self.container: PluginContainer | None = None
         super().__init__(out_dir=out_dir, worker=worker, plugin=plugin)
-        self.engine = DockerEngine(self.ledger, what=f"hvconform worker {worker}")
+        # the run's engine (--docker-host), or a private one: never read from the environment
+        self.engine = DockerEngine(
+            self.ledger, what=f"hvconform worker {worker}", external=docker_host
+        )
         self.report = TargetReport(out_dir, worker)
         self.images: ImageSet | None = None
         self.podman: PodmanRuntime | None = None
@@ -171,7 +176,7 @@ class ContainerNode(ContainerWorkloads, LocalNode):
         except docker.errors.ImageNotFound:
             raise EnvironmentBlocked(
                 f"deploy.image {ref} is not in the Docker engine at {host} and is never pulled: "
-                "build or load it there first (HV_DOCKER_HOST selects an engine of yours)"
+                "build or load it there first (--docker-host selects an engine of yours)"
             ) from None
         built = ref == default_plugin_image()
         return {"ref": ref, "id": str(found.id), "built_from_this_tree": built}
@@ -347,5 +352,8 @@ def open_node(
     ctx: RunContext, *, worker: str, metadata: object | None = None
 ) -> Iterator[ContainerNode]:
     """The registry's entry: the plugin under test as its profile's objects describe it."""
-    with set_up(ContainerNode(out_dir=ctx.out, worker=worker, plugin=ctx.plugin)) as node:
+    node = ContainerNode(
+        out_dir=ctx.out, worker=worker, plugin=ctx.plugin, docker_host=ctx.docker_host
+    )
+    with set_up(node) as node:
         yield node

@@ -1,7 +1,7 @@
 """The container runtime's hooks for the suite (`--runtime container` of the local target).
 
 On top of the local target's needs: the Docker engine the plugin container runs under (a
-private dockerd the harness starts, with its containerd; or HV_DOCKER_HOST's, which must answer),
+private dockerd the harness starts, with its containerd; or --docker-host's, which must answer),
 podman with CDI `--device` support for the workloads, on crun (runc cannot run on this cgroup
 layout), debootstrap for the offline image base, and a cgroup hierarchy for podman's cgroupfs
 manager; and helm when the plugin under test is deployed from a chart (its container is the
@@ -10,7 +10,6 @@ chart's render). Versions in the environment are asked from the programs themsel
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from conformance.contract import hostfacts, runcontext
@@ -29,11 +28,20 @@ def _external_engine(host: str) -> Requirement:
 
     return Requirement(
         "Docker engine",
-        "the plugin container (HV_DOCKER_HOST)",
+        "the plugin container (--docker-host)",
         f"an engine answering at {host}",
-        "start that engine or unset HV_DOCKER_HOST (a private dockerd is started then)",
+        "start that engine, or run without --docker-host and HV_DOCKER_HOST (a private dockerd "
+        "is started then)",
         probe,
     )
+
+
+def _docker_host() -> str:
+    """The run's engine (--docker-host, in the run context); "" without a run: a private one."""
+    try:
+        return runcontext.current().docker_host
+    except (RuntimeError, OSError, ValueError):
+        return ""
 
 
 def _from_chart() -> bool:
@@ -53,7 +61,7 @@ def _helm() -> Requirement:
 
 
 def _engine_requirements() -> list[Requirement]:
-    external = os.environ.get("HV_DOCKER_HOST", "")
+    external = _docker_host()
     if external:
         return [_external_engine(external)]
     return [
@@ -109,9 +117,9 @@ def preconditions(target: str = "local", runtime: str = "container") -> list[Req
 
 def environment(target: str = "local", runtime: str = "container") -> dict[str, Any]:
     del target, runtime
-    external = os.environ.get("HV_DOCKER_HOST", "")
+    external = _docker_host()
     engine = (
-        {"version": "external", "command": f"HV_DOCKER_HOST={external}"}
+        {"version": "external", "command": f"--docker-host {external}"}
         if external
         else version_of(["dockerd", "--version"], DOCKERD_PATTERN)
     )
