@@ -41,7 +41,7 @@ MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
 
 async def _stop(
-    server: grpc.aio.Server | None, socket: Path | None, inode: tuple[int, int] | None, grace: float
+    server: grpc.aio.Server | None, socket: Path | None, inode: Identity | None, grace: float
 ) -> None:
     if server is not None:
         await server.stop(grace=grace)
@@ -49,7 +49,7 @@ async def _stop(
         _remove_own(socket, inode)
 
 
-def _remove_own(socket: Path, inode: tuple[int, int] | None) -> None:
+def _remove_own(socket: Path, inode: Identity | None) -> None:
     """grpcio removes its own socket on stop; this covers a server that never started. Only
     the inode we bound: a socket of the same name made since is not ours."""
     if _inode(socket) == inode:
@@ -58,6 +58,11 @@ def _remove_own(socket: Path, inode: tuple[int, int] | None) -> None:
 
 
 STREAM_LOST = "ListAndWatch stream ended: the kubelet disconnected this endpoint"
+OWN_SOCKET_REMOVED = "own socket removed"
+KUBELET_RECREATED = "kubelet.sock re-created"
+# What says a kubelet is (again) there to register with, after the attempts gave up: its socket
+# made again, or ours removed (the kubelet's start-up cleanup deletes every socket in the dir).
+NEW_KUBELET = (OWN_SOCKET_REMOVED, KUBELET_RECREATED)
 
 
 def _listening(path: Path) -> bool:
@@ -73,12 +78,20 @@ def _listening(path: Path) -> bool:
     return True
 
 
-def _inode(path: Path) -> tuple[int, int] | None:
+# A socket file's identity: device, inode and modification time. The inode number alone is not
+# one: ext4 hands a freed inode to the next file made in the directory, so the kubelet's start-up
+# cleanup (every socket deleted) followed by its new kubelet.sock gives that socket the number
+# the old one had (measured here: the same st_ino, every time). A socket's mtime is set when it
+# is bound and never changes after, so a socket made again differs in it.
+Identity = tuple[int, int, int]
+
+
+def _inode(path: Path) -> Identity | None:
     try:
         st = path.lstat()
     except OSError:
         return None
-    return (st.st_dev, st.st_ino)
+    return (st.st_dev, st.st_ino, st.st_mtime_ns)
 
 
 class Registrar:
@@ -95,8 +108,8 @@ class Registrar:
         self._make_servicer = make_servicer
         self._server: grpc.aio.Server | None = None
         self._socket: Path | None = None
-        self._socket_inode: tuple[int, int] | None = None
-        self._kubelet_inode: tuple[int, int] | None = None
+        self._socket_inode: Identity | None = None
+        self._kubelet_inode: Identity | None = None
         self._kick = asyncio.Event()
         self._watcher: DirWatcher | None = None
         self._reasserted_at = float("-inf")
@@ -305,10 +318,10 @@ class Registrar:
 
     def _restart_needed(self) -> str:
         if self._socket is None or _inode(self._socket) != self._socket_inode:
-            return "own socket removed"
+            return OWN_SOCKET_REMOVED
         kubelet = _inode(self._cfg.device_plugin_dir / KUBELET_SOCKET)
         if kubelet is not None and kubelet != self._kubelet_inode:
-            return "kubelet.sock re-created"
+            return KUBELET_RECREATED
         if self._stream_lost():
             return STREAM_LOST
         return ""
@@ -339,8 +352,12 @@ class Registrar:
                     registered = await self._register_with_backoff()
                     continue
                 await self._serve()
-                # After giving up, only a changed kubelet.sock is worth a new round of attempts.
-                if registered or reason == "kubelet.sock re-created":
+                # After giving up, only news of a kubelet is worth a new round of attempts. Our
+                # socket removed is such news: a kubelet crashed while its stream ended looked
+                # like a lost stream, the attempts ran out before it came back (8 of them with
+                # the default backoff, about 10 s: a loaded CI machine's kubelet took longer),
+                # and its cleanup removing our socket was the one event left to see.
+                if registered or reason in NEW_KUBELET:
                     registered = await self._register_with_backoff()
         finally:
             await reap(watch_task)

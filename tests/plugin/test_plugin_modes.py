@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -112,6 +113,48 @@ def test_registration_bounded_then_recovers(node: Node) -> None:
         assert reg.serving
         stream = Stream(proc.socket())
         wait_for(proc.ready, 10, "readiness after the kubelet appeared")
+        stream.cancel()
+    finally:
+        assert proc.stop() == 0
+        kubelet.stop()
+
+
+def test_a_kubelet_back_after_the_attempts_gave_up_gets_a_registration(node: Node) -> None:
+    """A CI run's restart-kubelet (crash) on a loaded machine: the kubelet's SIGKILL ended the
+    plugin's stream while its socket still accepted (the process was exiting), so the plugin
+    took it for a lost stream and re-registered at once; every attempt failed while the kubelet
+    was down, and they ran out before it came back. The kubelet's start-up cleanup then removed
+    every socket and made kubelet.sock again, which ext4 gives the number of the inode just
+    freed: the plugin served again but never registered (60 s, no registration request).
+
+    Here: a stale kubelet.sock nobody listens on (a killed kubelet's), the attempts give up, then
+    a kubelet starts as the real one does (every socket removed, kubelet.sock bound)."""
+    stale = node.plugin_dir / "kubelet.sock"
+    with socket.socket(socket.AF_UNIX) as dead:
+        dead.bind(str(stale))  # closed without unlink: the file a SIGKILLed kubelet leaves
+    old = stale.lstat().st_ino
+    kubelet = KubeletStub(node.plugin_dir)
+    proc = PluginProcess(node, kubelet, "--register-attempts", "2", "--register-backoff-max", "0.1")
+    try:
+        wait_for(
+            lambda: any(e.get("event") == "register_gave_up" for e in proc.events()),
+            30,
+            "plugin to give up after 2 attempts on the stale kubelet.sock",
+        )
+        # The kubelet's start-up: its cleanup and its Listen take microseconds, a plugin notices
+        # both after they happened; the freed inode goes to the new kubelet.sock, as it does
+        # for the real kubelet (the plugin's own socket is removed last here, so that its new
+        # one cannot take the inode first).
+        stale.unlink()
+        kubelet.start()
+        back = kubelet.started_at
+        reused = stale.lstat().st_ino == old
+        for ours in node.plugin_dir.glob("hyperlight*.sock"):
+            ours.unlink()
+        reg = kubelet.wait_serving_after(back, 20)  # TimeoutError names the attempts seen
+        assert reg.resource_name == "hyperlight.dev/hypervisor", (reg, f"{reused=}")
+        stream = Stream(proc.socket())  # the kubelet's ListAndWatch, as after any Register
+        wait_for(proc.ready, 10, "readiness after the kubelet came back")
         stream.cancel()
     finally:
         assert proc.stop() == 0
