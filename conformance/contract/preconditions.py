@@ -22,7 +22,6 @@ from typing import Any
 # 1 is a failed check, 2 unusable input, 5 no check selected (cli.EXIT_NO_CHECKS); 3 and 4
 # are pytest's own (internal error, usage error) and pass through hvconform unchanged.
 EXIT_ENVIRONMENT_BLOCKED = 6
-BLOCKED_ENV = "HV_ENVIRONMENT_BLOCKED"  # the controller hands its verdict to xdist workers
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 PROBE_TIMEOUT_S = 20.0
 

@@ -3,10 +3,11 @@
 Loaded by `conformance.suite.pytest_plugin` (its `pytest_plugins`). The run's controller (or the
 single process without xdist) asks the target family's `preflight` module for its requirements
 at configure time, before any worker or node exists, and evaluates every one. When one is unmet,
-its one line travels to the workers in BLOCKED_ENV (they inherit the controller's environment),
-every collected check is skipped as `environment_blocked: <line>` before its node fixture is
-set up (so nothing runs and nothing is reported failed), the line is printed once at the end, and
-the run exits EXIT_ENVIRONMENT_BLOCKED. Every finding, met or not, goes to results.json
+its one line travels to the workers as a field of their start-up input (xdist's `workerinput`,
+set in `pytest_configure_node`; never an environment variable), every collected check is skipped
+as `environment_blocked: <line>` before its node fixture is set up (so nothing runs and nothing
+is reported failed), the line is printed once at the end, and the run exits
+EXIT_ENVIRONMENT_BLOCKED. Every finding, met or not, goes to results.json
 (`environment.preconditions`).
 
 PYTEST_DONT_REWRITE: no asserts here, and pytest_plugin imports this module before pytest loads
@@ -15,14 +16,12 @@ it as a plugin (pytest would warn that it cannot rewrite it).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
 
 from conformance.contract import runcontext
 from conformance.contract.preconditions import (
-    BLOCKED_ENV,
     EXIT_ENVIRONMENT_BLOCKED,
     Finding,
     evaluate,
@@ -33,16 +32,18 @@ from conformance.suite import outcomes
 from conformance.targets import UnknownTarget, preflight
 
 _FINDINGS: list[Finding] = []  # the controller's, for the environment
+_BLOCKED: list[str] = []  # the unmet precondition's line: the controller's verdict, or its copy
+WORKER_KEY = "hv_environment_blocked"  # in each xdist worker's workerinput
 
 
 def blocked_line() -> str:
     """The unmet precondition's line, or '' (in the controller and in every worker)."""
-    return os.environ.get(BLOCKED_ENV, "")
+    return _BLOCKED[0] if _BLOCKED else ""
 
 
 def check(target: str, runtime: str) -> Finding | None:
     """Evaluate the target's preconditions (controller only); the first unmet one, or None."""
-    os.environ.pop(BLOCKED_ENV, None)  # a previous run in this process decided nothing here
+    _BLOCKED.clear()  # a previous run in this process decided nothing here
     _FINDINGS.clear()
     try:
         family = preflight(target, runtime)
@@ -51,7 +52,7 @@ def check(target: str, runtime: str) -> Finding | None:
     _FINDINGS.extend(evaluate(family.preconditions(target, runtime)))
     unmet = first_unmet(_FINDINGS)
     if unmet is not None:
-        os.environ[BLOCKED_ENV] = unmet.line()
+        _BLOCKED.append(unmet.line())
     return unmet
 
 
@@ -69,10 +70,18 @@ def nothing_created() -> tuple[str, str]:
 
 @pytest.hookimpl(trylast=True)  # after pytest_plugin's configure made the run directory
 def pytest_configure(config: pytest.Config) -> None:
-    if hasattr(config, "workerinput"):
+    worker: dict[str, Any] | None = getattr(config, "workerinput", None)
+    if worker is not None:
+        _BLOCKED[:] = [worker[WORKER_KEY]] if worker.get(WORKER_KEY) else []
         return
     ctx = runcontext.current()
     check(ctx.target, ctx.runtime)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist, in the controller, for each worker it starts: the verdict goes with it."""
+    node.workerinput[WORKER_KEY] = blocked_line()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

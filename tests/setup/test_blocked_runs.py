@@ -94,9 +94,11 @@ def test_local_without_an_interpreter_for_workloads(tmp_path: Path, no_python: s
     no_node_made(tmp_path)
 
 
-def test_local_without_mount(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_local_without_mount(tmp_path: Path, workers: str) -> None:
+    """Also with xdist workers: the controller's verdict reaches them in their start-up input."""
     standin(tmp_path / "bin", "mount", "mount from util-linux 2.20.1")
-    proc, data = blocked_run(tmp_path, [], bin_dir=tmp_path / "bin")
+    proc, data = blocked_run(tmp_path, ["-n", workers], bin_dir=tmp_path / "bin")
     assert_blocked(proc, data, "mount (util-linux)", "2.20.1")
     no_node_made(tmp_path)
 
