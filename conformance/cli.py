@@ -14,7 +14,7 @@ from typing import Any
 from conformance import cli_inputs as inputs
 from conformance import cluster_nodes
 from conformance.cli_parser import build_parser
-from conformance.contract import manifest
+from conformance.contract import manifest, settings
 from conformance.contract.cluster_options import ClusterOptions
 from conformance.contract.errors import Unhonoured
 from conformance.contract.plugin import PluginUnderTest, ProfileError
@@ -210,6 +210,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         cluster=cluster,
         # read from the flag (or its environment variable) here, once: the target reads the context
         docker_host=ns.docker_host,
+        settings=settings.current(),
     )
     context_path = ctx.write()
     args = [
@@ -274,6 +275,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser(cmd_run).parse_args(list(sys.argv[1:] if argv is None else argv))
+    # What the user set by environment variable, read here once: every later reader of this
+    # process, and every process of a run (through the run context), reads these fields.
+    settings.install(settings.RunSettings.from_env())
     try:
         code: int = ns.func(ns)
         sys.stdout.flush()  # here, not at the interpreter's exit, where it could not be caught

@@ -5,8 +5,19 @@ outlives the tests (conformance.targets.local.netns.release_stale_run_dir)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
+
+from conformance.contract import settings
+
+
+@pytest.fixture(autouse=True)
+def _no_run_settings_left() -> Iterator[None]:
+    """A test that ran the CLI in-process installed its run's settings: the next test reads its
+    own environment (monkeypatched HV_HELM and the like), as any process outside a run does."""
+    yield
+    settings.uninstall()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from conformance.contract import settings as run_settings
 from conformance.contract.cluster_options import ClusterOptions
 from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.safewrite import write_atomic
@@ -42,6 +43,8 @@ class RunContext:
     # --runtime container: the engine of the plugin container (--docker-host); "": a private
     # dockerd the harness starts
     docker_host: str = ""
+    # what the user set by environment variable, read once by the CLI (contract.settings)
+    settings: run_settings.RunSettings = field(default_factory=run_settings.RunSettings)
 
     @property
     def out(self) -> Path:
@@ -64,6 +67,7 @@ class RunContext:
             "cluster": None if self.cluster is None else self.cluster.to_json(),
             "extra": dict(self.extra),
             "docker_host": self.docker_host,
+            "settings": self.settings.to_json(),
         }
 
     @classmethod
@@ -83,6 +87,7 @@ class RunContext:
             cluster=None if cluster is None else ClusterOptions.from_json(cluster),
             extra=dict(data.get("extra", {})),
             docker_host=str(data.get("docker_host", "")),
+            settings=run_settings.RunSettings.from_json(data.get("settings", {})),
         )
 
     def write(self, path: Path | None = None) -> Path:
@@ -105,10 +110,12 @@ def current() -> RunContext:
         if not path:
             raise RuntimeError(f"no run context: hvconform run writes one ({ENV_CONTEXT} unset)")
         _CURRENT.append(read(path))
+        run_settings.install(_CURRENT[0].settings)  # the CLI's reading, not the environment's
     return _CURRENT[0]
 
 
 def install(ctx: RunContext, path: Path) -> None:
     """Make `ctx` this process's context and let its children (xdist workers) find it."""
     _CURRENT[:] = [ctx]
+    run_settings.install(ctx.settings)
     os.environ[ENV_CONTEXT] = str(path)

@@ -9,21 +9,31 @@ Standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from conformance.contract.safewrite import write_atomic
 
+_RUNNING: list[str] = []  # the check whose scenario or restore runs now, in this worker
+
+
+@contextlib.contextmanager
+def running(check_id: str) -> Iterator[None]:
+    """What this worker runs from now until the block ends: the suite's run_check says so."""
+    _RUNNING[:] = [check_id]
+    try:
+        yield
+    finally:
+        _RUNNING.clear()
+
 
 def current_check() -> str:
-    """The check id of the running test, from PYTEST_CURRENT_TEST ('' outside a check's call:
-    a session fixture set up during the first test's setup belongs to no check)."""
-    nodeid = os.environ.get("PYTEST_CURRENT_TEST", "")
-    if "[" not in nodeid or not nodeid.endswith(" (call)"):
-        return ""
-    return nodeid.rsplit("[", 1)[1].split("]", 1)[0]
+    """The id of the check running now ('' outside one: a session fixture set up before the
+    first check belongs to no check)."""
+    return _RUNNING[0] if _RUNNING else ""
 
 
 class TargetReport:

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Final
 
+from conformance.contract import settings
 from conformance.contract.datafiles import data_root
 from conformance.contract.preconditions import Found, Requirement, ask
 from conformance.contract.safeyaml import (
@@ -65,7 +66,7 @@ class ChartError(RuntimeError):
 def chart_dir() -> Path:
     """charts/hv-device-plugin as the package ships it (the wheel's copy, or the checkout's:
     conformance.contract.datafiles), or HV_CHART."""
-    override = os.environ.get("HV_CHART")
+    override = settings.current().chart
     path = Path(override) if override else data_root() / "charts" / CHART_NAME
     if not (path / "Chart.yaml").is_file():
         raise ChartError(
@@ -93,7 +94,7 @@ def helm_cache() -> Path:
 def helm_binary() -> str:
     """HV_HELM, else the helm next to this interpreter (a nox session's), else PATH's, else the
     one `nox -s helm` built into the user's cache."""
-    override = os.environ.get("HV_HELM")
+    override = settings.current().helm
     if override:
         return override
     beside = Path(sys.executable).parent / "helm"

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance.contract import settings
+
 FLAGS = (
     "--headless",
     "--no-sandbox",  # root in CI; the page is our own file
@@ -45,8 +47,8 @@ class BrowserError(Exception):
 
 
 def find_chromium() -> str | None:
-    """The browser to use: $HV_CHROMIUM, else the first candidate on PATH."""
-    forced = os.environ.get("HV_CHROMIUM", "")
+    """The browser to use: HV_CHROMIUM (the run's settings), else the first candidate on PATH."""
+    forced = settings.current().chromium
     if forced:
         return forced if os.access(forced, os.X_OK) else None
     return next((found for name in CANDIDATES if (found := shutil.which(name))), None)

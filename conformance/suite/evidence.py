@@ -110,8 +110,8 @@ def at_check_end(node: Any, window: Window) -> str | None:
 def with_restore(node: Any, window: Window, at_end: str) -> str:
     """`at_end`, then the lines the plugin wrote during the restore: found after the last lines
     it had written at the check's end, or the whole log of the instance that replaced it."""
-    kept = _lines(at_end)
-    anchor = [line for line in kept[-ANCHOR_LINES:] if not line.startswith(HEADER)]
+    kept = _lines(at_end)[1:]  # after plugin_window's one header line
+    anchor = kept[-ANCHOR_LINES:]
     lines = _lines(node.plugin_log_tail(MAX_LINES))
     start = after_anchor(lines, anchor or window.anchor)
     if start is None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from conformance.contract import runcontext
+from conformance.contract import runcontext, target_report
 from conformance.contract.dra import plugin_api
 from conformance.contract.dra_profile import API_TITLES
 from conformance.contract.ledger import Entry, read_entries
@@ -181,18 +181,19 @@ def run_check(node: Node, check: Check, rec: Recorder) -> None:
             NotApplicable(f"judges {judged}; the plugin under test speaks {API_TITLES[api]}"),
         )
     window = evidence.open_window(node)  # the check's evidence covers only its own window
-    try:
-        check.run(node, rec)
-    except Outcome as exc:
-        _end(rec, exc)
-    except Exception as exc:  # the reason in words, from the exception's typed fields
-        rec.record.failure, rec.record.reason, rec.record.wait = describe_failure(exc)
-        rec.record.status = Status.FAILED.value
-        raise
-    finally:
-        at_end = evidence.at_check_end(node, window)  # before the restore replaces the plugin
-        _restore(node, check, rec)
-        evidence.write(node, rec, window, at_end)
+    with target_report.running(check.id):  # what the target records now is this check's
+        try:
+            check.run(node, rec)
+        except Outcome as exc:
+            _end(rec, exc)
+        except Exception as exc:  # the reason in words, from the exception's typed fields
+            rec.record.failure, rec.record.reason, rec.record.wait = describe_failure(exc)
+            rec.record.status = Status.FAILED.value
+            raise
+        finally:
+            at_end = evidence.at_check_end(node, window)  # before the restore replaces the plugin
+            _restore(node, check, rec)
+            evidence.write(node, rec, window, at_end)
 
 
 def _end(rec: Recorder, outcome: Outcome) -> None:

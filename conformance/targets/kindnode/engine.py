@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import docker
 
+from conformance.contract import settings
 from conformance.targets.cluster.kindbin import kind_env, kind_version
 from conformance.targets.container.engine import DockerEngine
 from conformance.targets.kindnode import ENGINE_DATA_ROOT, ENGINE_EXEC_ROOT, NODE_IMAGE
@@ -42,7 +43,7 @@ def kind_engine(what: str) -> DockerEngine:
         data_root=ENGINE_DATA_ROOT,
         exec_root=ENGINE_EXEC_ROOT,
         bridge=True,
-        external=os.environ.get("HV_KIND_DOCKER_HOST", ""),
+        external=settings.current().kind_docker_host,
         # kind's nodes are privileged: runc-bounded drops the capabilities this machine's
         # bounding set lacks (CAP_SYS_RESOURCE), which runc could not grant anyway.
         dockerd_args=(

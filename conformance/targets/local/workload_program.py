@@ -26,12 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from conformance.contract import settings
 from conformance.contract.datafiles import package_dir
 
 # Where the conformance package is imported from (a checkout, or site-packages): the guest is there.
 IMPORT_ROOT = package_dir().parent
 GUEST_PACKAGE = "conformance.guest"
-PYTHON_ENV = "HV_WORKLOAD_PYTHON"
+PYTHON_ENV = settings.ENV["workload_python"][0]
 STAGE_PARENT = Path("/tmp")  # world-searchable (1777) on every Linux system
 STAGE_PREFIX = "hvconform-guest-"  # then the owning pid
 MIN_PYTHON = (3, 11)
@@ -78,7 +79,7 @@ def stage(dest: Path, repo: Path = IMPORT_ROOT) -> Path:
 
 def candidates() -> list[str]:
     """Interpreters to try, in order, without duplicates."""
-    forced = os.environ.get(PYTHON_ENV, "")
+    forced = settings.current().workload_python
     if forced:
         return [forced]
     base = getattr(sys, "_base_executable", "") or ""
