@@ -75,6 +75,30 @@ def _preconditions(found: Any) -> list[tuple[str, str]]:
     ]
 
 
+def _runtimes(found: Any) -> list[tuple[str, str]]:
+    """Each node's container runtime as its daemon said it: which, and its CDI (off means the
+    runtime drops what a plugin's allocation names: the runtime's failure, not the plugin's)."""
+    if not isinstance(found, list):
+        return []
+    out = []
+    for r in found:
+        if not isinstance(r, dict):
+            continue
+        where = f"Container runtime ({r.get('node') or r.get('worker', '?')})"
+        if r.get("error"):
+            out.append((where, f"not read: {r['error']}"))
+            continue
+        cdi = {True: "CDI on", False: "CDI OFF", None: "CDI not reported"}.get(
+            r.get("cdi_enabled"), "CDI not reported"
+        )
+        dirs = ", ".join(str(d) for d in r.get("cdi_spec_dirs") or [])
+        out.append(
+            (where, f"{r.get('name', '?')} {r.get('version', '?')}, {cdi}"
+             + (f" (spec dirs {dirs})" if dirs else ""))
+        )  # fmt: skip
+    return out
+
+
 def _said(said: dict[Any, Any]) -> str:
     """A component's gates as read, or why they could not be."""
     if set(said) == {fg.UNREAD}:
@@ -113,6 +137,7 @@ def rows(env: dict[str, Any]) -> list[tuple[str, str]]:
     return (
         out
         + _components(env.get("components"))
+        + _runtimes(env.get("container_runtime"))
         + _cluster(env.get("cluster"))
         + _gates(env.get("feature_gates"))
         + (_preconditions(env.get("preconditions")))

@@ -54,6 +54,20 @@ class NodeOutcome:
     def came_up(self, node: Node) -> None:
         self.data.update(up=True, node=node.name)
         self.read(node, "setup")
+        self.runtime(node)
+
+    def runtime(self, node: Node) -> None:
+        """Beside what ran as the plugin, what ran its workloads: the node's container runtime
+        as its daemon says it (`container_runtime`, where the node has one; issue 38)."""
+        hook = getattr(node, "container_runtime", None)
+        if not callable(hook):
+            return
+        try:
+            facts = hook().to_json()
+        except Exception as exc:  # the runtime is reported, never judged here
+            facts = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        self.data["container_runtime"] = facts
+        self.write()
 
     def read(self, node: Node, phase: str) -> None:
         """Read back what runs now; a failed read is recorded (and judged), never raised."""
@@ -89,6 +103,15 @@ def plugin_ran(out: Path) -> list[dict[str, Any]]:
         {"worker": o["worker"], "node": o["node"], **read}
         for o in outcomes(out)
         for read in o.get("reads", [])
+    ]
+
+
+def container_runtimes(out: Path) -> list[dict[str, Any]]:
+    """environment.container_runtime: each node's runtime, as its daemon said it."""
+    return [
+        {"worker": o["worker"], "node": o["node"], **o["container_runtime"]}
+        for o in outcomes(out)
+        if isinstance(o.get("container_runtime"), dict)
     ]
 
 

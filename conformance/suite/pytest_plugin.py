@@ -414,6 +414,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             **environment.collect_for(ctx.target, ctx.runtime),
             "plugin_version": environment.plugin_version(ctx.plugin),
             **({"targets": targets} if targets else {}),
+            **(
+                {"container_runtime": runtimes}
+                if (runtimes := identity.container_runtimes(out))
+                else {}
+            ),
             **_feature_gates(out),
             **({"cluster": cluster} if cluster else {}),
         },

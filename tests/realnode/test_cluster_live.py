@@ -69,6 +69,9 @@ def _assert_live_and_clean(run: dict[str, Any], expect: set[str]) -> None:
         assert report["verification"][name]["ok"], name
     process = report["environment"]["plugin_process"]
     assert process["CapEff"] == "0" * 16 and process["NoNewPrivs"] == "1", process
+    # issue 38: the node's runtime as its daemon says it, asked through the node access route
+    runtimes = run["results"]["environment"]["container_runtime"]
+    assert runtimes and all(r.get("cdi_enabled") is True for r in runtimes), runtimes
 
 
 def test_pod_route_runs_the_whole_catalogue(cluster: dict[str, str], tmp_path: Path) -> None:

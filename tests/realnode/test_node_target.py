@@ -141,6 +141,10 @@ def test_a_fixed_path_plugin_is_certified_on_the_real_kubelet(
     assert by_id["node-reboot"]["metrics"]["boot_to_registered_s"] > 0
     kept = by_id["workloads-survive-kubelet-restart"]["metrics"]
     assert kept["pods_kept_graceful"] >= 1 and kept["pods_kept_crash"] >= 1
+    # issue 38: the runtime as its running daemon says it, CDI on and reading the node's dir
+    (runtime,) = data["environment"]["container_runtime"]
+    assert runtime["name"] == "containerd" and runtime["version"], runtime
+    assert runtime["cdi_enabled"] is True and runtime["cdi_spec_dirs"], runtime
 
 
 @pytest.mark.root

@@ -22,6 +22,7 @@ from conformance.contract.node import CAP_READINESS, Allocation
 from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.ran import PluginRan
 from conformance.contract.results import NotApplicable
+from conformance.contract.runtime_facts import CRICTL_FACTS, RuntimeFacts, from_output
 from conformance.contract.wait import WaitExpired, wait_for
 from conformance.targets.cluster.access import NodeAccess, NodeFiles
 from conformance.targets.cluster.guests import CRICTL_SNIPPET, container_id, running
@@ -382,6 +383,12 @@ class PluginPod(InsideFaults, NodeBase):
             return self.api.pod_log(self.layout.namespace, name, self.layout.container, tail=lines)
         except ApiError as exc:  # the kubelet serves logs: evidence must not hide the failure
             return f"(plugin log unavailable: {exc})"
+
+    def container_runtime(self) -> RuntimeFacts:
+        """The node's runtime as its daemon says it runs, through CRI on the node (the suite
+        records it per node)."""
+        output = self._node(["sh", "-c", CRICTL_SNIPPET + CRICTL_FACTS])
+        return from_output(output, f"crictl on node {self.access.where}")
 
     def plugin_ran(self) -> PluginRan:
         """What runs as the plugin, read back from its pod: the spec's image, command and args,

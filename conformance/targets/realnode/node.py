@@ -40,6 +40,7 @@ from conformance.contract.node import (
 )
 from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.results import EnvironmentBlocked
+from conformance.contract.runtime_facts import RuntimeFacts
 from conformance.contract.wait import wait_for
 from conformance.guest.cdi_resolve import resolve
 from conformance.targets.local.hostfiles import device_metadata, mount, umount
@@ -187,6 +188,10 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
             raise RuntimeError(f"the plugin exited during node setup:\n{self.plugin_log_tail(20)}")
         # Without an observable readiness, the kubelet's view is the readiness.
         return self.plugin_ready() if self.readiness.observable else self.allocatable() > 0
+
+    def container_runtime(self) -> RuntimeFacts:
+        """The node's runtime as its daemon says it runs (the suite records it per node)."""
+        return stack.runtime_facts()
 
     def plugin_live(self) -> bool:
         """As the kubelet judges it (local/liveness.py): the process runs and its liveness

@@ -26,6 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from conformance.contract.runtime_facts import RuntimeFacts, from_crictl
 from conformance.targets.realnode import (
     API_PORT,
     BIN,
@@ -148,6 +149,15 @@ def _crictl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*crictl_argv(), *args], capture_output=True, text=True, check=check, timeout=120
     )
+
+
+def runtime_facts() -> RuntimeFacts:
+    """The node's containerd as it says it runs (its version, its CDI configuration)."""
+    version, info = _crictl("version", check=False), _crictl("info", check=False)
+    for asked in (version, info):
+        if asked.returncode != 0:
+            raise RuntimeError(f"{' '.join(asked.args[-1:])}: {asked.stderr.strip()[-300:]}")
+    return from_crictl(version.stdout, info.stdout, f"crictl on {CONTAINERD_SOCKET}")
 
 
 def _start_control_plane(controllers: str = "*,-nodelifecycle") -> Api:

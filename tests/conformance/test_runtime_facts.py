@@ -1,0 +1,63 @@
+"""The container runtime as its daemon says it (issue 38, item 4): `crictl version` and `crictl
+info` of a real containerd, recorded from this machine's node target (fixtures/contracts/crictl:
+containerd 1.7.24 from Debian trixie, cri-tools v1.35), read into typed facts; what a daemon with
+CDI off, or one that answers something else, is read as. The live read is asserted by the node
+and cluster tests (tests/realnode)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conformance.contract.runtime_facts import (
+    SEPARATOR,
+    RuntimeFactsError,
+    from_crictl,
+    from_output,
+)
+from conformance.report.env_facts import rows
+
+RECORDED = Path(__file__).resolve().parents[2] / "fixtures" / "contracts" / "crictl"
+VERSION = (RECORDED / "containerd-1.7.24-version.txt").read_text()
+INFO = (RECORDED / "containerd-1.7.24-info.json").read_text()
+
+
+def test_a_recorded_containerd_17_is_read_as_it_ran() -> None:
+    facts = from_crictl(VERSION, INFO, "crictl on the node")
+    assert (facts.name, facts.version, facts.api_version) == ("containerd", "1.7.24~ds1", "v1")
+    assert facts.cdi_enabled is True and facts.cdi_spec_dirs == ("/run/hv-node/cdi",)
+    assert from_output(f"{VERSION}{SEPARATOR}\n{INFO}", "x").to_json()["cdi_spec_dirs"] == [
+        "/run/hv-node/cdi"
+    ]
+
+
+def test_cdi_off_is_reported_as_the_runtimes_and_said_in_the_report() -> None:
+    info = json.loads(INFO)
+    info["config"]["enableCDI"] = False
+    facts = from_crictl(VERSION, json.dumps(info), "crictl")
+    assert facts.cdi_enabled is False
+    shown = dict(rows({"container_runtime": [{"worker": "gw0", "node": "n1", **facts.to_json()}]}))
+    assert shown["Container runtime (n1)"].startswith("containerd 1.7.24~ds1, CDI OFF")
+
+
+def test_a_daemon_that_does_not_say_is_unknown_not_off() -> None:
+    info = json.loads(INFO)
+    del info["config"]["enableCDI"]
+    assert from_crictl(VERSION, json.dumps(info), "crictl").cdi_enabled is None
+
+
+@pytest.mark.parametrize(
+    ("version", "info", "said"),
+    [
+        ("crictl: command not found", INFO, "named no runtime"),
+        (VERSION, "FATA[0000] connect: no such file", "not JSON"),
+        (VERSION, "[]", "not a JSON object"),
+    ],
+)
+def test_what_is_not_crictls_answer_is_refused_with_its_words(
+    version: str, info: str, said: str
+) -> None:
+    with pytest.raises(RuntimeFactsError, match=said):
+        from_crictl(version, info, "crictl")
