@@ -268,6 +268,18 @@ def dra_live(session: nox.Session) -> None:
     _pytest(session, *live, *session.posargs, env={"HV_DRA_LIVE": "1"})
 
 
+@nox.session(python=PYTHON, name="node-containerd2")
+def node_containerd2(session: nox.Session) -> None:
+    """Issue 38 on the node target: containerd 2.3.x and runc 1.4 built from their modules
+    (`node-build -- containerd2 runc`, cached), then the whole catalogue on that node for this
+    repository's plugin and the go-kvm fixture (tests/realnode/test_node_containerd2.py). Apart
+    from `tests` for CI's time; needs `nox -s node-build` and libseccomp-dev (scripts/bootstrap)."""
+    session.install("-e", ".[dev]")
+    session.run("python", "-m", "conformance.targets.realnode.build", "containerd2", "runc")
+    live = "tests/realnode/test_node_containerd2.py"
+    _pytest(session, live, *session.posargs, env={"HV_CONTAINERD2_LIVE": "1"})
+
+
 @nox.session(python=PYTHON, name="kind-live")
 def kind_live(session: nox.Session) -> None:
     """The live kind tests (tests/kindnode/test_kind_live.py, test_kind_dra_live.py): the kind

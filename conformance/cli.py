@@ -210,6 +210,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         cluster=cluster,
         # read from the flag (or its environment variable) here, once: the target reads the context
         docker_host=ns.docker_host,
+        node_runtime=ns.node_runtime,
         settings=settings.current(),
     )
     context_path = ctx.write()

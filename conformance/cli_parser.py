@@ -14,6 +14,7 @@ from conformance import cli_inputs as inputs
 from conformance.contract.cluster_options import ClusterOptions
 from conformance.scenarios import CATALOGUE, CLEANUP
 from conformance.targets import RUNTIMES, TARGETS
+from conformance.targets.realnode.runtimes import RUNTIMES as NODE_RUNTIMES
 from plugin.api.names import default_guest_image
 
 
@@ -70,6 +71,14 @@ def build_parser(cmd_run: Callable[[argparse.Namespace], int]) -> argparse.Argum
         help="--runtime container: the Docker engine that runs the plugin container (unix://, "
         "tcp:// or ssh://, and it must answer); default: a private dockerd the harness starts "
         "with roots of its own [HV_DOCKER_HOST]",
+    )
+    run.add_argument(
+        "--node-runtime",
+        choices=list(NODE_RUNTIMES),
+        default="",
+        help="--target node: the container runtime its node runs: "
+        + "; ".join(f"{name}: {rt.about}" for name, rt in NODE_RUNTIMES.items())
+        + " (default: containerd-1.7)",
     )
     run.add_argument(
         "--dry-run",

@@ -43,6 +43,8 @@ class RunContext:
     # --runtime container: the engine of the plugin container (--docker-host); "": a private
     # dockerd the harness starts
     docker_host: str = ""
+    # --target node: which container runtime the node runs (--node-runtime); "": its default
+    node_runtime: str = ""
     # what the user set by environment variable, read once by the CLI (contract.settings)
     settings: run_settings.RunSettings = field(default_factory=run_settings.RunSettings)
 
@@ -67,6 +69,7 @@ class RunContext:
             "cluster": None if self.cluster is None else self.cluster.to_json(),
             "extra": dict(self.extra),
             "docker_host": self.docker_host,
+            "node_runtime": self.node_runtime,
             "settings": self.settings.to_json(),
         }
 
@@ -87,6 +90,7 @@ class RunContext:
             cluster=None if cluster is None else ClusterOptions.from_json(cluster),
             extra=dict(data.get("extra", {})),
             docker_host=str(data.get("docker_host", "")),
+            node_runtime=str(data.get("node_runtime", "")),
             settings=run_settings.RunSettings.from_json(data.get("settings", {})),
         )
 

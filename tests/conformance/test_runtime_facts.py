@@ -1,8 +1,9 @@
 """The container runtime as its daemon says it (issue 38, item 4): `crictl version` and `crictl
-info` of a real containerd, recorded from this machine's node target (fixtures/contracts/crictl:
-containerd 1.7.24 from Debian trixie, cri-tools v1.35), read into typed facts; what a daemon with
-CDI off, or one that answers something else, is read as. The live read is asserted by the node
-and cluster tests (tests/realnode)."""
+info` of real containerds, recorded from this machine's node target (fixtures/contracts/crictl:
+containerd 1.7.24 from Debian trixie, config version 2; containerd 2.3.7 built from its module,
+config version 3), read into typed facts; what a daemon with CDI off, or one that answers
+something else, is read as. The live read is asserted by the node and cluster tests
+(tests/realnode)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,14 @@ def test_a_recorded_containerd_17_is_read_as_it_ran() -> None:
     assert from_output(f"{VERSION}{SEPARATOR}\n{INFO}", "x").to_json()["cdi_spec_dirs"] == [
         "/run/hv-node/cdi"
     ]
+
+
+def test_a_recorded_containerd_23_with_config_version_3_is_read_as_it_ran() -> None:
+    version = (RECORDED / "containerd-2.3.7-version.txt").read_text()
+    info = (RECORDED / "containerd-2.3.7-info.json").read_text()
+    facts = from_crictl(version, info, "crictl on the node")
+    assert (facts.name, facts.version) == ("containerd", "2.3.7+unknown")
+    assert facts.cdi_enabled is True and facts.cdi_spec_dirs == ("/run/hv-node/cdi",)
 
 
 def test_cdi_off_is_reported_as_the_runtimes_and_said_in_the_report() -> None:

@@ -7,6 +7,7 @@ import io
 import json
 import subprocess
 import tarfile
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,11 @@ from conformance.contract.podresources import devices as _devices
 from conformance.contract.podresources import fields
 from conformance.targets.realnode import KUBERNETES_VERSION, REPO, STAGING_VERSION
 from conformance.targets.realnode.build import render_build_module
-from conformance.targets.realnode.configs import containerd_config, kubelet_config
+from conformance.targets.realnode.configs import (
+    containerd_config,
+    containerd_config_v3,
+    kubelet_config,
+)
 from conformance.targets.realnode.image import image_archive
 from conformance.targets.realnode.kubeapi import quantity
 from conformance.targets.realnode.pki import kubeconfig, make_pki
@@ -91,6 +96,25 @@ def test_configs_keep_the_node_to_itself() -> None:
     kc = kubelet_config()
     for line in ("address: 127.0.0.1", "readOnlyPort: 0", "makeIPTablesUtilChains: false"):
         assert line in kc
+
+
+def test_containerd_2_gets_config_version_3_with_cdi_under_the_runtime_plugin() -> None:
+    """containerd 2.x reads CDI from its CRI runtime plugin (config version 3); the same node's
+    paths as version 2's, and runc named by path (the runtime's own, not PATH's)."""
+    v3 = tomllib.loads(containerd_config_v3(runc="/opt/rt/runc"))
+    assert v3["version"] == 3
+    runtime = v3["plugins"]["io.containerd.cri.v1.runtime"]
+    assert runtime["enable_cdi"] is True and runtime["cdi_spec_dirs"] == ["/run/hv-node/cdi"]
+    assert runtime["restrict_oom_score_adj"] is True
+    runc = runtime["containerd"]["runtimes"]["runc"]["options"]
+    assert runc == {"SystemdCgroup": False, "BinaryName": "/opt/rt/runc"}
+    images = v3["plugins"]["io.containerd.cri.v1.images"]
+    v2 = tomllib.loads(containerd_config())
+    assert (
+        images["pinned_images"]["sandbox"]
+        == v2["plugins"]["io.containerd.grpc.v1.cri"]["sandbox_image"]
+    )
+    assert v3["grpc"] == v2["grpc"] and v3["root"] == v2["root"]
 
 
 @pytest.mark.skipif(subprocess.run(["which", "openssl"]).returncode != 0, reason="no openssl")

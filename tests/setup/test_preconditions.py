@@ -23,6 +23,7 @@ from conformance.targets.cluster.kindbin import KIND_VERSION
 from conformance.targets.local.runtime import workload_python
 from conformance.targets.realnode import REPO
 from conformance.targets.realnode import preflight as node_preflight
+from conformance.targets.realnode.runtimes import RUNTIMES
 from tests.setup.support import standin, unreachable_python
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
@@ -68,9 +69,9 @@ CASES = [
     ("local", "container", "crun", "crun", "crun version 0.17", "0.17", ">= 1.0", BOOT),
     ("local", "container", "debootstrap", "debootstrap", None, M, ">= 1.0", BOOT),
     ("node", "process", "containerd", "containerd", CONTAINERD_16, "1.6.20~ds1",
-     ">= 1.7 with CDI (enable_cdi)", node_preflight.CONTAINERD_FIX),
+     ">= 1.7 with CDI (enable_cdi)", RUNTIMES["containerd-1.7"].fix),
     ("node", "process", "containerd", "containerd", None, M, ">= 1.7 with CDI (enable_cdi)",
-     node_preflight.CONTAINERD_FIX),
+     RUNTIMES["containerd-1.7"].fix),
     ("node", "process", "runc", "runc", "runc version 1.0.0-rc93", "1.0.0", ">= 1.1",
      "apt-get install runc"),
     # v0.27 writes kubeadm v1beta3, which the v1.37 node image's kubeadm refuses (CI, live)
@@ -135,7 +136,7 @@ def test_containerd_17_without_cdi_and_with_it(
     monkeypatch.setenv("PATH", str(tmp_path / "a"))
     finding = node_preflight.containerd_cdi().check()
     assert_unmet(finding, "1.7.24~ds1 without enable_cdi in its default config",
-                 ">= 1.7 with CDI (enable_cdi)", node_preflight.CONTAINERD_FIX)  # fmt: skip
+                 ">= 1.7 with CDI (enable_cdi)", RUNTIMES["containerd-1.7"].fix)  # fmt: skip
     standin(tmp_path / "b", "containerd", answer, config="    enable_cdi = false")
     monkeypatch.setenv("PATH", str(tmp_path / "b"))
     finding = node_preflight.containerd_cdi().check()

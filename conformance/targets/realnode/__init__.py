@@ -17,6 +17,11 @@ KUBERNETES_VERSION = "v1.37.2"
 STAGING_VERSION = "v0.37.2"  # the staging modules are tagged v0.<minor>.<patch> with the release
 ETCD_VERSION = "v3.7.3"
 CRICTL_VERSION = "v1.37.0"
+# containerd 2.x as AKS runs it (2.3.3 on AKS 1.35.7 / Ubuntu 24.04; the Go module proxy serves
+# no v2.3.3, v2.3.7 is the nearest 2.3.x it does) and a runc of the 1.4 line, built from their
+# modules (`nox -s node-build -- containerd2 runc`) beside Debian trixie's containerd 1.7.24
+CONTAINERD2_VERSION = "v2.3.7"
+RUNC_VERSION = "v1.4.4"
 # ptp + host-local + loopback: pod networks for the cluster-mode nodes (`node-up --nodes N`)
 CNI_VERSION = "v1.10.0"
 CNI_PLUGINS = ("ptp", "host-local", "loopback")
@@ -24,6 +29,7 @@ CNI_PLUGINS = ("ptp", "host-local", "loopback")
 REPO = Path(__file__).resolve().parents[3]
 CACHE = Path("/var/cache/hv-node")  # build outputs; survives node-down
 BIN = CACHE / "bin"
+CONTAINERD2_BIN = BIN / f"containerd-{CONTAINERD2_VERSION}"  # containerd, its shim, runc
 STATE = Path("/var/lib/hv-node")  # etcd data, containerd root, certificates
 RUN = Path("/run/hv-node")  # sockets, pid files, logs, the CDI dir
 PLUGIN_DIR = Path(DEVICE_PLUGIN_DIR)  # fixed by the kubelet

@@ -8,6 +8,11 @@
 - cni: ptp, host-local and loopback from github.com/containernetworking/plugins@CNI_VERSION
   into BIN/cni (pod networks of the cluster-mode nodes, `node-up --nodes N`).
 - pause: node/pause, a tiny static binary for the locally made sandbox image (see `image`).
+- containerd2, runc (not built by default: `node-build -- containerd2 runc`): containerd
+  CONTAINERD2_VERSION (containerd and its runc shim, github.com/containerd/containerd/v2) and
+  runc RUNC_VERSION (cgo: its nsexec is C; with seccomp, which containerd 2.x's default
+  profile for every sandbox needs: libseccomp-dev, from scripts/bootstrap) into
+  CONTAINERD2_BIN, the node's `--node-runtime containerd-2.3` (realnode.runtimes).
 
 One package at a time (`go build -p 1`): other work shares this machine. A component is rebuilt
 only when its binary is missing or its stamp names another version. Prints each build time.
@@ -31,10 +36,13 @@ from conformance.targets.realnode import (
     CACHE,
     CNI_PLUGINS,
     CNI_VERSION,
+    CONTAINERD2_BIN,
+    CONTAINERD2_VERSION,
     CRICTL_VERSION,
     ETCD_VERSION,
     KUBERNETES_VERSION,
     REPO,
+    RUNC_VERSION,
     STAGING_VERSION,
 )
 
@@ -42,6 +50,7 @@ BUILD_MODULES = REPO / "node"
 STAMPS = CACHE / "stamps"
 KUBE_COMPONENTS = ("kubelet", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
 ALL_COMPONENTS = (*KUBE_COMPONENTS, "etcd", "crictl", "pause", "cni")
+RUNTIME_COMPONENTS = ("containerd2", "runc")  # built when asked for: the containerd 2.x node
 _STAGING = re.compile(r"^\s+(k8s\.io/[A-Za-z0-9_.-]+) => \./staging/", re.MULTILINE)
 
 
@@ -147,14 +156,25 @@ def _go(args: list[str], cwd: Path, log: Path, **extra_env: str) -> None:
         raise RuntimeError(f"go {args[0]} failed ({proc.returncode}):\n" + "\n".join(tail))
 
 
+def binary_of(name: str) -> Path:
+    """Where component `name` is put (the first of its binaries)."""
+    return {
+        "cni": BIN / "cni" / CNI_PLUGINS[0],
+        "containerd2": CONTAINERD2_BIN / "containerd",
+        "runc": CONTAINERD2_BIN / "runc",
+    }.get(name, BIN / name)
+
+
 def build_one(name: str, *, force: bool = False) -> Built:
     version = {
         "etcd": ETCD_VERSION,
         "crictl": CRICTL_VERSION,
         "pause": "local",
         "cni": CNI_VERSION,
+        "containerd2": CONTAINERD2_VERSION,
+        "runc": RUNC_VERSION,
     }.get(name, KUBERNETES_VERSION)
-    binary = BIN / "cni" / CNI_PLUGINS[0] if name == "cni" else BIN / name
+    binary = binary_of(name)
     if not force and binary.exists() and _stamp(name).get("version") == version:
         return Built(name, version, float(str(_stamp(name).get("seconds", 0.0))), cached=True)
     BIN.mkdir(parents=True, exist_ok=True)
@@ -195,13 +215,34 @@ def build_one(name: str, *, force: bool = False) -> Built:
             shutil.copyfile(gobin / plugin, BIN / "cni" / f".{plugin}.new")
             (BIN / "cni" / f".{plugin}.new").chmod(0o755)
             (BIN / "cni" / f".{plugin}.new").replace(BIN / "cni" / plugin)
+    elif name in RUNTIME_COMPONENTS:
+        gobin = CACHE / "gobin"
+        programs: tuple[str, ...]
+        if name == "containerd2":
+            module = "github.com/containerd/containerd/v2/cmd"
+            programs = ("containerd", "containerd-shim-runc-v2")
+            pkgs = [f"{module}/{p}@{CONTAINERD2_VERSION}" for p in programs]
+            _go(["install", "-p", "1", "-ldflags", "-s -w", *pkgs], CACHE, log, GOBIN=str(gobin))
+        else:
+            programs = ("runc",)
+            pkg = f"github.com/opencontainers/runc@{RUNC_VERSION}"
+            if not Path("/usr/include/seccomp.h").is_file():
+                raise RuntimeError("runc needs libseccomp-dev (scripts/bootstrap installs it)")
+            args = ["install", "-p", "1", "-tags", "seccomp", pkg]
+            _go(args, CACHE, log, GOBIN=str(gobin), CGO_ENABLED="1")
+        CONTAINERD2_BIN.mkdir(parents=True, exist_ok=True)
+        for program in programs:
+            new = CONTAINERD2_BIN / f".{program}.new"
+            shutil.copyfile(gobin / program, new)
+            new.chmod(0o755)
+            new.replace(CONTAINERD2_BIN / program)
     elif name == "pause":
         cwd = _workdir("pause")
         _go(["build", "-p", "1", "-ldflags", "-s -w", "-o", str(tmp), "."], cwd, log)
     else:
         raise ValueError(f"unknown component {name!r}")
     seconds = round(time.monotonic() - start, 1)
-    if name != "cni":  # the CNI plugins were put in place one by one above
+    if name not in ("cni", *RUNTIME_COMPONENTS):  # those were put in place one by one above
         tmp.chmod(0o755)
         tmp.replace(binary)
     (STAMPS / f"{name}.json").write_text(json.dumps({"version": version, "seconds": seconds}))
@@ -230,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
             failed = True
             continue
         origin = "cached, built in" if built.cached else "built in"
-        print(f"node-build: {name} {built.version} {origin} {built.seconds:.0f}s -> {BIN / name}")
+        print(
+            f"node-build: {name} {built.version} {origin} {built.seconds:.0f}s -> {binary_of(name)}"
+        )
         total += 0.0 if built.cached else built.seconds
     print(f"node-build: this run compiled for {total:.0f}s")
     return 1 if failed else 0

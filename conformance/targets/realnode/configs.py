@@ -31,7 +31,8 @@ def containerd_config(
     cdi_dir: Path = CDI_DIR,
     cni: Path = RUN / "cni",
 ) -> str:
-    """The default node's containerd; a cluster-mode node (`nodes`) passes its own paths."""
+    """The default node's containerd, in config version 2 (containerd 1.7); a cluster-mode node
+    (`nodes`) passes its own paths."""
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""version = 2
 root = "{root}"
@@ -60,6 +61,56 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         SystemdCgroup = false
   [{cri}.cni]
     bin_dir = "{cni / "bin"}"
+    conf_dir = "{cni / "net.d"}"
+"""
+
+
+def containerd_config_v3(
+    *,
+    runc: str,
+    root: Path = STATE / "containerd",
+    state: Path = RUN / "containerd" / "state",
+    socket: Path = CONTAINERD_SOCKET,
+    cdi_dir: Path = CDI_DIR,
+    cni: Path = RUN / "cni",
+) -> str:
+    """The same node for containerd 2.x, in config version 3: the CRI plugin split in three
+    (images: snapshotter and the sandbox image; runtime: CDI, runtimes and CNI; the gRPC CRI
+    server: streaming), runc named by path (the runtime's own, not PATH's)."""
+    images = "plugins.'io.containerd.cri.v1.images'"
+    rt = "plugins.'io.containerd.cri.v1.runtime'"
+    return f"""version = 3
+root = "{root}"
+state = "{state}"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.erofs", "io.containerd.differ.v1.erofs"]
+[grpc]
+  address = "{socket}"
+[ttrpc]
+  address = "{socket}.ttrpc"
+[plugins.'io.containerd.internal.v1.opt']
+  path = "{root / "opt"}"
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+[{images}]
+  snapshotter = "overlayfs"
+  [{images}.pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+[{rt}]
+  enable_cdi = true
+  # This machine withholds CAP_SYS_RESOURCE: oom_score_adj cannot go below ours (pause wants -998).
+  restrict_oom_score_adj = true
+  cdi_spec_dirs = ["{cdi_dir}"]
+  [{rt}.containerd]
+    default_runtime_name = "runc"
+    [{rt}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{rt}.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        BinaryName = "{runc}"
+  [{rt}.cni]
+    bin_dirs = ["{cni / "bin"}"]
     conf_dir = "{cni / "net.d"}"
 """
 

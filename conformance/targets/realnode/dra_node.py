@@ -116,8 +116,10 @@ def _remove_new(directory: Path, before: frozenset[str]) -> list[str]:
 
 
 class RealDraNode(SliceCounts, RealNode):
-    def __init__(self, *, out_dir: Path, worker: str, plugin: PluginUnderTest) -> None:
-        super().__init__(out_dir=out_dir, worker=worker, plugin=plugin)
+    def __init__(
+        self, *, out_dir: Path, worker: str, plugin: PluginUnderTest, node_runtime: str = ""
+    ) -> None:
+        super().__init__(out_dir=out_dir, worker=worker, plugin=plugin, node_runtime=node_runtime)
         assert plugin.dra is not None, "a DRA node runs a DRA driver"
         self.dra = plugin.dra
         self.capabilities = (self.capabilities - DEVICE_PLUGIN_ONLY) | {

@@ -17,7 +17,7 @@ def open_node(
     ctx: RunContext, *, worker: str, metadata: object | None = None
 ) -> Iterator[RealNode]:
     node = (RealDraNode if ctx.plugin.dra is not None else RealNode)(
-        out_dir=ctx.out, worker=worker, plugin=ctx.plugin
+        out_dir=ctx.out, worker=worker, plugin=ctx.plugin, node_runtime=ctx.node_runtime
     )
     with set_up(node) as up:
         yield up

@@ -83,8 +83,11 @@ _RESOURCE = re.compile(r'Got registration request from device plugin[^"]*" resou
 class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
     name = "node"
 
-    def __init__(self, *, out_dir: Path, worker: str, plugin: PluginUnderTest) -> None:
+    def __init__(
+        self, *, out_dir: Path, worker: str, plugin: PluginUnderTest, node_runtime: str = ""
+    ) -> None:
         super().__init__(CDI_DIR, HOST_DEV)
+        self.node_runtime = node_runtime  # which containerd the stack runs (realnode.runtimes)
         self._init_host_node(out_dir, worker, "")
         self.state = RUN / f"harness-{worker}"  # the harness's own: holes, staging, read storms
         self.workloads = RUN / "workloads"  # the workload pods' /state
@@ -120,7 +123,7 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
             for root in stack.ROOTS:
                 if not root.exists():  # only what this run makes is its to remove
                     self.ledger.record("dir", str(root), f"real node {NODE_NAME} (this run's)")
-            stack.up()
+            stack.up(runtime=self.node_runtime)
         self.api = Api(PKI)
         self._record_feature_gates()
         if (p := procs.recorded("plugin")) is not None and p.alive:

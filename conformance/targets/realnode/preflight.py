@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from conformance.contract import hostfacts
+from conformance.contract import hostfacts, runcontext
 from conformance.contract.preconditions import (
     Found,
     Requirement,
@@ -35,11 +35,12 @@ from conformance.targets.realnode import (
     KUBERNETES_VERSION,
     REPO,
     procs,
+    runtimes,
 )
 from conformance.targets.realnode.configs import KUBELET_HEALTHZ, KUBELET_PORT, kubelet_config
+from conformance.targets.realnode.runtimes import NodeRuntime
 
 CONTAINERD_MINIMUM = "1.7"
-CONTAINERD_FIX = "nox -s node-deps (containerd 1.7.24 from Debian trixie, pinned; node/README.md)"
 BUILD_FIX = "nox -s node-build"
 PLUGIN_HEALTH_PORT = 18080  # stack.PLUGIN_HEALTH
 PORTS = (
@@ -63,34 +64,47 @@ CONTAINERD_PATTERN = r"containerd\s+\S+\s+v?(\S+)"
 MAIN_MODULE = {"crictl": "sigs.k8s.io/cri-tools", "etcd": "go.etcd.io/etcd/server/v3"}
 
 
-def containerd_cdi() -> Requirement:
-    """containerd >= 1.7 whose CRI plugin knows `enable_cdi` (asked from its default config)."""
+def chosen_runtime() -> NodeRuntime:
+    """The run's node runtime (--node-runtime, from its run context); the default outside one."""
+    try:
+        name = runcontext.current().node_runtime
+    except (RuntimeError, OSError, ValueError):
+        name = ""
+    return runtimes.runtime(name)
+
+
+def containerd_cdi(rt: NodeRuntime | None = None) -> Requirement:
+    """The runtime's containerd, >= 1.7, whose CRI knows `enable_cdi` (asked from its default
+    config: 1.7's CRI plugin and 2.x's CRI runtime plugin both print it)."""
+    rt = rt or chosen_runtime()
+    binary = rt.binary("containerd") or "containerd"
 
     def probe() -> Found:
-        line, shown = ask(["containerd", "--version"])
+        line, shown = ask([binary, "--version"])
         if line is None:
-            return Found("missing (not on PATH)", False, shown)
-        found = version_of(["containerd", "--version"], CONTAINERD_PATTERN)["version"]
+            where = "not on PATH" if rt.bin_dir is None else f"not built: {rt.bin_dir}"
+            return Found(f"missing ({where})", False, shown)
+        found = version_of([binary, "--version"], CONTAINERD_PATTERN)["version"]
         have = version_tuple(found)
         if have is None or have < (version_tuple(CONTAINERD_MINIMUM) or ()):
             return Found(found, False, shown)
-        if "enable_cdi" not in _containerd_default_config():
+        if "enable_cdi" not in _containerd_default_config(binary):
             return Found(f"{found} without enable_cdi in its default config", False, shown)
         return Found(f"{found} (enable_cdi)", True, shown)
 
     return Requirement(
         "containerd",
-        "CDI device injection into the workload pods",
+        f"CDI device injection into the workload pods ({rt.name})",
         f">= {CONTAINERD_MINIMUM} with CDI (enable_cdi)",
-        CONTAINERD_FIX,
+        rt.fix,
         probe,
     )
 
 
-def _containerd_default_config() -> str:
+def _containerd_default_config(binary: str = "containerd") -> str:
     try:
         return subprocess.run(
-            ["containerd", "config", "default"], capture_output=True, text=True, timeout=20
+            [binary, "config", "default"], capture_output=True, text=True, timeout=20
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -152,14 +166,15 @@ def _stack_up() -> bool:
 def preconditions(target: str = "node", runtime: str = "process") -> list[Requirement]:
     del target, runtime
     local = [r for r in local_requirements() if r.component in ("root", "/dev/kvm")]
-    needs: list[Requirement] = [*local, containerd_cdi()]
+    rt = chosen_runtime()
+    needs: list[Requirement] = [*local, containerd_cdi(rt)]
     needs.append(
         tool(
             "runc",
-            ["runc", "--version"],
+            [rt.binary("runc") or "runc", "--version"],
             minimum="1.1",
-            feature="containerd's OCI runtime for the workload pods",
-            fix="apt-get install runc",
+            feature=f"containerd's OCI runtime for the workload pods ({rt.name})",
+            fix="apt-get install runc" if rt.bin_dir is None else rt.fix,
         )
     )
     if any(not (BIN / name).exists() for name in (*BUILT, "pause")):
@@ -181,7 +196,9 @@ def environment(
     """Every component's version as the binary reports it; the kubelet's cgroup driver."""
     del target, runtime
     components = {name: binary_version(name, bin_dir) for name in BUILT}
-    components["containerd"] = version_of(["containerd", "--version"], CONTAINERD_PATTERN)
-    components["runc"] = version_of(["runc", "--version"], r"runc version (\S+)")
+    rt = chosen_runtime()
+    containerd, runc = rt.binary("containerd") or "containerd", rt.binary("runc") or "runc"
+    components["containerd"] = version_of([containerd, "--version"], CONTAINERD_PATTERN)
+    components["runc"] = version_of([runc, "--version"], r"runc version (\S+)")
     driver = re.search(r"^cgroupDriver: (\S+)", kubelet_config(), re.MULTILINE)
     return {"components": components, "cgroup_driver": driver.group(1) if driver else "unknown"}

@@ -43,16 +43,19 @@ from conformance.targets.realnode import (
     hostclean,
     nodes,
     procs,
+    runtimes,
 )
 from conformance.targets.realnode.configs import (
     KUBELET_HEALTHZ,
     PKI,
     containerd_config,
+    containerd_config_v3,
     kubelet_config,
 )
 from conformance.targets.realnode.image import import_image
 from conformance.targets.realnode.kubeapi import Api, ApiError
 from conformance.targets.realnode.pki import kubeconfig, make_pki
+from conformance.targets.realnode.runtimes import NodeRuntime
 
 # node-up --plugin only: the node target's plugin has a network namespace of its own
 PLUGIN_HEALTH = "127.0.0.1:18080"
@@ -126,12 +129,18 @@ def _mount_tmpfs(path: Path, size: str) -> None:
         )
 
 
-def _start_containerd() -> None:
+def _start_containerd(rt: NodeRuntime) -> None:
     (RUN / "containerd").mkdir(parents=True, exist_ok=True)
     (RUN / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
     cfg = RUN / "containerd" / "config.toml"
-    cfg.write_text(containerd_config())
-    proc = procs.start("containerd", ["containerd", "--config", str(cfg)])
+    text = (
+        containerd_config_v3(runc=rt.binary("runc"))
+        if rt.config_version == 3
+        else containerd_config()
+    )
+    cfg.write_text(text)
+    argv = [rt.binary("containerd"), "--config", str(cfg)]
+    proc = procs.start("containerd", argv, env=rt.env())
     _wait(lambda: CONTAINERD_SOCKET.exists(), 30, "containerd's socket", proc)
     _wait(lambda: _crictl("info", check=False).returncode == 0, 30, "containerd's CRI", proc)
     import_image(RUN)
@@ -253,12 +262,14 @@ def _node_exists(api: Api) -> bool:
     return True
 
 
-def up(*, standalone: bool = False) -> Api | None:
+def up(*, standalone: bool = False, runtime: str = "") -> Api | None:
+    """The node on this machine; `runtime`: which containerd it runs (realnode.runtimes)."""
     missing = [n for n in ("kubelet", "crictl", "pause") if not (BIN / n).exists()]
     if missing:
         raise RuntimeError(f"not built: {', '.join(missing)} (run `nox -s node-build`)")
-    if shutil.which("containerd") is None or shutil.which("runc") is None:
-        raise RuntimeError("containerd/runc not installed (containerd 1.7 from trixie, pinned)")
+    rt = runtimes.runtime(runtime)
+    if absent := rt.missing():
+        raise RuntimeError(f"{rt.name}: {', '.join(absent)} not found ({rt.fix})")
     alive = [n for n in (*ORDER, "containerd") if (p := procs.recorded(n)) and p.alive]
     if alive:
         raise RuntimeError(f"node already up ({', '.join(alive)} running): run node-down first")
@@ -271,7 +282,7 @@ def up(*, standalone: bool = False) -> Api | None:
     if not (HOST_DEV / "kvm").exists():
         os.mknod(HOST_DEV / "kvm", 0o020660, kvm)
     make_pki(PKI)  # the kubelet's client CA, even standalone
-    _start_containerd()
+    _start_containerd(rt)
     api = _start_control_plane() if with_api else None
     start_kubelet(api)
     return api

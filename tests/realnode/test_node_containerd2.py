@@ -1,0 +1,58 @@
+"""Issue 38 on the real node target: the whole catalogue on containerd 2.x, LIVE.
+
+The node runs containerd CONTAINERD2_VERSION and runc RUNC_VERSION built from their modules
+(`--node-runtime containerd-2.3`: config version 3, CDI under the CRI runtime plugin), and this
+repository's plugin and the go-kvm fixture get the verdicts they get on Debian's containerd
+1.7.24 (tests/realnode/test_node_target.py and the shipped profile's node run): every check the
+node target can make passes. The runtime is named as its daemon says it (crictl), CDI on.
+
+Runs in `nox -s node-containerd2` (it builds containerd 2.x and runc first: apart from `tests`
+for CI's time, two whole catalogues on the node stack); needs `nox -s node-build`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.contract.plugin import SHIPPED
+from conformance.targets.realnode import CONTAINERD2_VERSION, REPO
+from conformance.targets.realnode.runtimes import RUNTIMES
+from tests.fixture_plugins import build_go_kvm
+from tests.realnode.live_runs import live_module, run_node, skip_unless_live, statuses
+
+USES_NODE_STACK = live_module("HV_CONTAINERD2_LIVE")
+pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow, pytest.mark.timeout(2400)]
+RUNTIME = "containerd-2.3"
+GO_KVM = REPO / "fixtures" / "plugins" / "go-kvm" / "profile.yaml"
+# As on containerd 1.7: the node target deploys no DaemonSet to roll and does not see the
+# plugin's GetPreferredAllocation answer; the Go fixture declares no optional RPC anyway.
+NOT_APPLICABLE = {"rollout-safety", "optional-rpcs"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _containerd2() -> None:
+    skip_unless_live("HV_CONTAINERD2_LIVE", "node-containerd2")
+    if missing := RUNTIMES[RUNTIME].missing():
+        pytest.skip(f"{RUNTIME}: {', '.join(missing)} not built ({RUNTIMES[RUNTIME].fix})")
+
+
+def _on_containerd2(data: dict[str, Any]) -> None:
+    (runtime,) = data["environment"]["container_runtime"]
+    assert runtime["name"] == "containerd", runtime
+    assert runtime["version"].startswith(CONTAINERD2_VERSION.lstrip("v")), runtime
+    assert runtime["cdi_enabled"] is True and runtime["cdi_spec_dirs"], runtime
+
+
+@pytest.mark.parametrize("profile", [SHIPPED, GO_KVM], ids=["this-repository", "go-kvm"])
+def test_the_whole_catalogue_on_containerd_2(tmp_path: Path, profile: Path) -> None:
+    if profile == GO_KVM:
+        build_go_kvm()
+    data = run_node(tmp_path, profile, "--node-runtime", RUNTIME, timeout=2200)
+    got = statuses(data)
+    want = {c: "not_applicable" if c in NOT_APPLICABLE else "passed" for c in got}
+    assert got == want, data["_output"]
+    assert {"guest-execution", "cdi-missing", "restart-kubelet", "node-reboot"} <= set(got)
+    _on_containerd2(data)
