@@ -97,6 +97,25 @@ def from_crictl(version_text: str, info_json: str, source: str) -> RuntimeFacts:
     )
 
 
+CDI_FIX = (
+    "enable CDI in the runtime (containerd: enable_cdi = true under "
+    "[plugins.'io.containerd.cri.v1.runtime'] in config version 3, under "
+    '[plugins."io.containerd.grpc.v1.cri"] in version 2) and restart it'
+)
+
+
+def cdi_off(facts: RuntimeFacts, seen: str) -> str:
+    """The runtime, not the plugin, keeps the device from workloads: its CDI is off and `seen`
+    says what that did (containerd 2.0 dropped CDI requests silently; 2.2 and later refuse the
+    container). '' when the runtime does not report CDI off."""
+    if facts.cdi_enabled is not False:
+        return ""
+    return (
+        f"the container runtime keeps CDI devices from workloads: {facts.name} {facts.version} "
+        f"reports CDI off ({facts.source}), and {seen}; fix: {CDI_FIX}"
+    )
+
+
 def from_output(output: str, source: str) -> RuntimeFacts:
     """The facts from CRICTL_FACTS's output (the two JSON documents around SEPARATOR)."""
     version, sep, info = output.partition(SEPARATOR)

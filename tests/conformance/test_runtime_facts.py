@@ -15,6 +15,7 @@ import pytest
 from conformance.contract.runtime_facts import (
     SEPARATOR,
     RuntimeFactsError,
+    cdi_off,
     from_crictl,
     from_output,
 )
@@ -49,6 +50,16 @@ def test_cdi_off_is_reported_as_the_runtimes_and_said_in_the_report() -> None:
     assert facts.cdi_enabled is False
     shown = dict(rows({"container_runtime": [{"worker": "gw0", "node": "n1", **facts.to_json()}]}))
     assert shown["Container runtime (n1)"].startswith("containerd 1.7.24~ds1, CDI OFF")
+
+
+def test_cdi_off_blames_the_runtime_with_the_fix_and_cdi_on_blames_nobody() -> None:
+    on = from_crictl(VERSION, INFO, "crictl")
+    assert cdi_off(on, "the pod never ran") == ""
+    info = json.loads(INFO)
+    info["config"]["enableCDI"] = False
+    line = cdi_off(from_crictl(VERSION, json.dumps(info), "crictl"), "the pod never ran")
+    assert line.startswith("the container runtime keeps CDI devices from workloads: containerd")
+    assert "the pod never ran" in line and "enable_cdi = true" in line
 
 
 def test_a_daemon_that_does_not_say_is_unknown_not_off() -> None:

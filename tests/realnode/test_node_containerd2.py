@@ -4,7 +4,10 @@ The node runs containerd CONTAINERD2_VERSION and runc RUNC_VERSION built from th
 (`--node-runtime containerd-2.3`: config version 3, CDI under the CRI runtime plugin), and this
 repository's plugin and the go-kvm fixture get the verdicts they get on Debian's containerd
 1.7.24 (tests/realnode/test_node_target.py and the shipped profile's node run): every check the
-node target can make passes. The runtime is named as its daemon says it (crictl), CDI on.
+node target can make passes. The runtime is named as its daemon says it (crictl), CDI on. A
+containerd 2.x with CDI disabled (`containerd-2.3-cdi-off`, the stand-in for containerd 2.0's
+silent drop of CDI requests) is reported as the runtime's failure, with the fix: every check
+environment_blocked (exit 6), none failed.
 
 Runs in `nox -s node-containerd2` (it builds containerd 2.x and runc first: apart from `tests`
 for CI's time, two whole catalogues on the node stack); needs `nox -s node-build`.
@@ -18,6 +21,7 @@ from typing import Any
 import pytest
 
 from conformance.contract.plugin import SHIPPED
+from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
 from conformance.targets.realnode import CONTAINERD2_VERSION, REPO
 from conformance.targets.realnode.runtimes import RUNTIMES
 from tests.fixture_plugins import build_go_kvm
@@ -56,3 +60,13 @@ def test_the_whole_catalogue_on_containerd_2(tmp_path: Path, profile: Path) -> N
     assert got == want, data["_output"]
     assert {"guest-execution", "cdi-missing", "restart-kubelet", "node-reboot"} <= set(got)
     _on_containerd2(data)
+
+
+def test_a_runtime_with_cdi_off_is_blamed_never_the_plugin(tmp_path: Path) -> None:
+    data = run_node(tmp_path, SHIPPED, "--node-runtime", "containerd-2.3-cdi-off", "-m", "guest")
+    got = statuses(data)
+    assert set(got.values()) == {"environment_blocked"}, data["_output"]
+    assert data["run"]["exit_code"] == EXIT_ENVIRONMENT_BLOCKED
+    (reason,) = {c["reason"] for c in data["checks"]}
+    assert reason.startswith("the container runtime keeps CDI devices from workloads: containerd")
+    assert "reports CDI off" in reason and "fix: enable CDI in the runtime" in reason

@@ -68,6 +68,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 def containerd_config_v3(
     *,
     runc: str,
+    cdi: bool = True,
     root: Path = STATE / "containerd",
     state: Path = RUN / "containerd" / "state",
     socket: Path = CONTAINERD_SOCKET,
@@ -98,7 +99,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   [{images}.pinned_images]
     sandbox = "{PAUSE_IMAGE}"
 [{rt}]
-  enable_cdi = true
+  enable_cdi = {str(cdi).lower()}
   # This machine withholds CAP_SYS_RESOURCE: oom_score_adj cannot go below ours (pause wants -998).
   restrict_oom_score_adj = true
   cdi_spec_dirs = ["{cdi_dir}"]

@@ -40,8 +40,8 @@ from conformance.contract.node import (
 )
 from conformance.contract.plugin import PluginUnderTest
 from conformance.contract.results import EnvironmentBlocked
-from conformance.contract.runtime_facts import RuntimeFacts
-from conformance.contract.wait import wait_for
+from conformance.contract.runtime_facts import RuntimeFacts, cdi_off
+from conformance.contract.wait import WaitExpired, wait_for
 from conformance.guest.cdi_resolve import resolve
 from conformance.targets.local.hostfiles import device_metadata, mount, umount
 from conformance.targets.local.liveness import kubelet_live
@@ -151,9 +151,19 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
         )
         wait_for(self._ready_or_dead, SETUP_TIMEOUT_S, "plugin ready at node setup", interval=0.05)
         wait_for(lambda: self.allocatable() > 0, SETUP_TIMEOUT_S, "allocatable > 0 at node setup")
-        allocation = wait_for(
-            self._admitted, SETUP_TIMEOUT_S, "an Allocate at node setup", interval=0.5
-        )
+        runtime = self.container_runtime()
+        try:
+            allocation = wait_for(
+                self._admitted, SETUP_TIMEOUT_S, "an Allocate at node setup", interval=0.5
+            )
+        except WaitExpired as exc:  # with the runtime's CDI off: its failure, not the plugin's
+            if blamed := cdi_off(runtime, f"the first workload pod never ran ({exc})"):
+                raise EnvironmentBlocked(blamed) from exc
+            raise
+        if allocation.cdi_devices and (
+            dropped := cdi_off(runtime, f"the allocation names {allocation.cdi_devices[0]}")
+        ):
+            raise EnvironmentBlocked(dropped)
         self._workload_device = self._device_in_workload(allocation) or self._workload_device
         self._take_baseline(allocation, 30)
 

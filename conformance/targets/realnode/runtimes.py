@@ -30,6 +30,7 @@ class NodeRuntime:
     bin_dir: Path | None  # containerd, containerd-shim-runc-v2 and runc; None: PATH's
     config_version: int  # the containerd config format it is given
     fix: str  # how to get it when it is missing
+    cdi: bool = True  # False: a stand-in for a runtime that drops CDI requests
 
     def binary(self, program: str) -> str:
         """The runtime's own `program`, or PATH's (absolute either way; '' when absent)."""
@@ -62,6 +63,17 @@ RUNTIMES: dict[str, NodeRuntime] = {
         CONTAINERD2_BIN,
         3,
         "nox -s node-build -- containerd2 runc",
+    ),
+    # containerd 2.0 dropped the CDI devices of a request in some configurations, silently,
+    # until 2.2 made it an error (containerd issues 12651, 12674): a runtime with CDI off is
+    # the reproducible stand-in, and the suite must name the runtime, not the plugin.
+    "containerd-2.3-cdi-off": NodeRuntime(
+        "containerd-2.3-cdi-off",
+        "containerd-2.3 with CDI disabled: a stand-in for a runtime that drops CDI requests",
+        CONTAINERD2_BIN,
+        3,
+        "nox -s node-build -- containerd2 runc",
+        cdi=False,
     ),
 }
 DEFAULT = "containerd-1.7"

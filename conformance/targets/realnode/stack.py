@@ -134,7 +134,7 @@ def _start_containerd(rt: NodeRuntime) -> None:
     (RUN / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
     cfg = RUN / "containerd" / "config.toml"
     text = (
-        containerd_config_v3(runc=rt.binary("runc"))
+        containerd_config_v3(runc=rt.binary("runc"), cdi=rt.cdi)
         if rt.config_version == 3
         else containerd_config()
     )
