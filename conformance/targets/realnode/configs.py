@@ -4,6 +4,7 @@ the workload pod. Kept apart from `stack` (which starts things) so tests can rea
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +24,21 @@ KUBELET_PORT = 20250
 NAMESPACE = "default"
 
 
-def containerd_config(
-    *,
-    root: Path = STATE / "containerd",
-    state: Path = RUN / "containerd" / "state",
-    socket: Path = CONTAINERD_SOCKET,
-    cdi_dir: Path = CDI_DIR,
-    cni: Path = RUN / "cni",
-) -> str:
-    """The default node's containerd, in config version 2 (containerd 1.7); a cluster-mode node
-    (`nodes`) passes its own paths."""
+@dataclass(frozen=True)
+class ContainerdPaths:
+    """Where a node's containerd keeps things: the default node's, or a cluster-mode node's own."""
+
+    root: Path = STATE / "containerd"
+    state: Path = RUN / "containerd" / "state"
+    socket: Path = CONTAINERD_SOCKET
+    cdi_dir: Path = CDI_DIR
+    cni: Path = RUN / "cni"
+
+
+def containerd_config(paths: ContainerdPaths | None = None) -> str:
+    """A node's containerd in config version 2 (containerd 1.7)."""
+    p = paths or ContainerdPaths()
+    root, state, socket, cdi_dir, cni = p.root, p.state, p.socket, p.cdi_dir, p.cni
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""version = 2
 root = "{root}"
@@ -66,23 +72,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 
 def containerd_config_v3(
-    *,
-    runc: str,
-    cdi: bool = True,
-    root: Path = STATE / "containerd",
-    state: Path = RUN / "containerd" / "state",
-    socket: Path = CONTAINERD_SOCKET,
-    cdi_dir: Path = CDI_DIR,
-    cni: Path = RUN / "cni",
+    *, runc: str, cdi: bool = True, paths: ContainerdPaths | None = None
 ) -> str:
     """The same node for containerd 2.x, in config version 3: the CRI plugin split in three
     (images: snapshotter and the sandbox image; runtime: CDI, runtimes and CNI; the gRPC CRI
     server: streaming), runc named by path (the runtime's own, not PATH's)."""
+    p = paths or ContainerdPaths()
+    root, socket, cdi_dir, cni = p.root, p.socket, p.cdi_dir, p.cni
     images = "plugins.'io.containerd.cri.v1.images'"
     rt = "plugins.'io.containerd.cri.v1.runtime'"
     return f"""version = 3
 root = "{root}"
-state = "{state}"
+state = "{p.state}"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
   "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper",
   "io.containerd.snapshotter.v1.erofs", "io.containerd.differ.v1.erofs"]

@@ -38,6 +38,7 @@ from conformance.targets.realnode.configs import (
     KUBELET_HEALTHZ,
     KUBELET_PORT,
     PKI,
+    ContainerdPaths,
     containerd_config,
     kubelet_config,
 )
@@ -195,11 +196,13 @@ def _spec(node: NodeLayout) -> Path:
     containerd_cfg = node.run / "containerd.toml"
     containerd_cfg.write_text(
         containerd_config(
-            root=node.state / "containerd",
-            state=node.run / "containerd-state",
-            socket=node.socket,
-            cdi_dir=NODE_CDI,
-            cni=node.run / "cni",
+            ContainerdPaths(
+                root=node.state / "containerd",
+                state=node.run / "containerd-state",
+                socket=node.socket,
+                cdi_dir=NODE_CDI,
+                cni=node.run / "cni",
+            )
         )
     )
     serving = PKI / f"kubelet-serving-{node.name}"
