@@ -72,19 +72,19 @@ def statuses(data: dict[str, Any]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def cluster_mode_nodes(count: int) -> Iterator[dict[str, str]]:
+def cluster_mode_nodes(count: int, runtime: str = "") -> Iterator[dict[str, str]]:
     """`node-up --nodes COUNT` with the images imported into each node's containerd; node-down
     verified after (nothing left, /dev/kvm unchanged). Skips, naming the fix, when the node is
     not built or another node is up on this machine."""
     from conformance.targets.realnode import node_images, nodes, procs, stack
 
-    if missing := nodes.has_tools():
+    if missing := nodes.has_tools(runtime):
         pytest.skip(f"the node is not built ({', '.join(missing)}): run `nox -s node-build`")
     if nodes.recorded_nodes() or ((p := procs.recorded("kubelet")) and p.alive):
         pytest.skip("a node is already up on this machine: `nox -s node-down` first")
     before = kvm()
     try:
-        stack.up_nodes(count)
+        stack.up_nodes(count, runtime)
         tags = node_images.build_images()
         node_images.load(list(tags.values()))
         yield {**tags, "kubeconfig": str(nodes.ADMIN_KUBECONFIG)}

@@ -7,7 +7,8 @@ repository's plugin and the go-kvm fixture get the verdicts they get on Debian's
 node target can make passes. The runtime is named as its daemon says it (crictl), CDI on. A
 containerd 2.x with CDI disabled (`containerd-2.3-cdi-off`, the stand-in for containerd 2.0's
 silent drop of CDI requests) is reported as the runtime's failure, with the fix: every check
-environment_blocked (exit 6), none failed.
+environment_blocked (exit 6), none failed. A cluster-mode node (`node-up --nodes 1
+--node-runtime containerd-2.3`) runs the cluster target's guest and CDI checks there too.
 
 Runs in `nox -s node-containerd2` (it builds containerd 2.x and runc first: apart from `tests`
 for CI's time, two whole catalogues on the node stack); needs `nox -s node-build`.
@@ -15,6 +16,9 @@ for CI's time, two whole catalogues on the node stack); needs `nox -s node-build
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +26,17 @@ import pytest
 
 from conformance.contract.plugin import SHIPPED
 from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
-from conformance.targets.realnode import CONTAINERD2_VERSION, REPO
+from conformance.targets.realnode import CONTAINERD2_VERSION, NODE_NAME, REPO
 from conformance.targets.realnode.runtimes import RUNTIMES
 from tests.fixture_plugins import build_go_kvm
-from tests.realnode.live_runs import live_module, run_node, skip_unless_live, statuses
+from tests.realnode.live_runs import (
+    cluster_mode_nodes,
+    live_module,
+    run_node,
+    run_output,
+    skip_unless_live,
+    statuses,
+)
 
 USES_NODE_STACK = live_module("HV_CONTAINERD2_LIVE")
 pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -70,3 +81,19 @@ def test_a_runtime_with_cdi_off_is_blamed_never_the_plugin(tmp_path: Path) -> No
     (reason,) = {c["reason"] for c in data["checks"]}
     assert reason.startswith("the container runtime keeps CDI devices from workloads: containerd")
     assert "reports CDI off" in reason and "fix: enable CDI in the runtime" in reason
+
+
+def test_a_cluster_mode_node_on_containerd_2_runs_the_guest_and_cdi_checks(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with cluster_mode_nodes(1, RUNTIME) as made:
+        argv = [
+            sys.executable, "-m", "conformance.cli", "run", "--target", "cluster",
+            "--kubeconfig", made["kubeconfig"], "--node", NODE_NAME, "--node-access", "pod",
+            "--image", made["plugin"], "--guest-image", made["guest"],
+            "--diag-image", made["guest"], "--out", str(out), "-m", "guest or cdi",
+        ]  # fmt: skip
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, cwd=REPO)
+    assert proc.returncode == 0, run_output(proc, out)
+    data = json.loads((out / "results.json").read_text())
+    assert {c["status"] for c in data["checks"]} == {"passed"}, run_output(proc, out)
+    _on_containerd2(data)

@@ -33,6 +33,7 @@ from conformance.targets.realnode import (
     SERVICE_IP,
     STATE,
     procs,
+    runtimes,
 )
 from conformance.targets.realnode.configs import (
     KUBELET_HEALTHZ,
@@ -40,12 +41,14 @@ from conformance.targets.realnode.configs import (
     PKI,
     ContainerdPaths,
     containerd_config,
+    containerd_config_v3,
     kubelet_config,
 )
 from conformance.targets.realnode.hostclean import CGROUP_V1
 from conformance.targets.realnode.image import import_image
 from conformance.targets.realnode.kubeapi import Api, ApiError
 from conformance.targets.realnode.pki import _sign, kubeconfig
+from conformance.targets.realnode.runtimes import NodeRuntime
 from plugin.api.names import HYPERVISOR_RESOURCE
 from plugin.api.wire import CDI_DYNAMIC_DIR
 
@@ -184,7 +187,7 @@ def _cni(node: NodeLayout) -> None:
     (node.run / "cni" / "net.d" / "10-hv-node.conflist").write_text(json.dumps(conf, indent=1))
 
 
-def _spec(node: NodeLayout) -> Path:
+def _spec(node: NodeLayout, rt: NodeRuntime) -> Path:
     """What the node init needs: mounts, the containerd and kubelet command lines."""
     (node.state / "kubelet").mkdir(parents=True, exist_ok=True)
     # Pod logs of its own: a kubelet's container GC removes every /var/log/pods dir of a pod it
@@ -194,16 +197,17 @@ def _spec(node: NodeLayout) -> Path:
         (node.state / "log" / logs).mkdir(parents=True, exist_ok=True)
     (node.run / "manifests").mkdir(parents=True, exist_ok=True)
     containerd_cfg = node.run / "containerd.toml"
+    paths = ContainerdPaths(
+        root=node.state / "containerd",
+        state=node.run / "containerd-state",
+        socket=node.socket,
+        cdi_dir=NODE_CDI,
+        cni=node.run / "cni",
+    )
     containerd_cfg.write_text(
-        containerd_config(
-            ContainerdPaths(
-                root=node.state / "containerd",
-                state=node.run / "containerd-state",
-                socket=node.socket,
-                cdi_dir=NODE_CDI,
-                cni=node.run / "cni",
-            )
-        )
+        containerd_config_v3(runc=rt.binary("runc"), cdi=rt.cdi, paths=paths)
+        if rt.config_version == 3
+        else containerd_config(paths)
     )
     serving = PKI / f"kubelet-serving-{node.name}"
     extra = (
@@ -236,7 +240,7 @@ def _spec(node: NodeLayout) -> Path:
             ["tmpfs", "4m", str(NODE_CDI)],
             ["bind", str(node.run), SELF],
         ],
-        "containerd": ["containerd", "--config", str(containerd_cfg)],
+        "containerd": [rt.binary("containerd") or "containerd", "--config", str(containerd_cfg)],
         "kubelet": kubelet,
         "crictl": crictl_argv(node),
     }
@@ -300,19 +304,23 @@ def _lo_addresses() -> list[str]:
     return [ln.split()[3].split("/")[0] for ln in out.stdout.decode().splitlines()]
 
 
-def start_node(node: NodeLayout) -> procs.Proc:
+def start_node(node: NodeLayout, rt: NodeRuntime | None = None) -> procs.Proc:
+    """Node `node` in namespaces of its own, its init running `rt`'s containerd (the default
+    runtime's when None): the runtime's directory first on PATH, for its shim."""
+    rt = rt or runtimes.runtime("")
     for path in (node.run, node.state):
         path.mkdir(parents=True, exist_ok=True)
     _address(node.ip)
     _certs(node)
     _cgroups(node)
     _cni(node)
-    spec = _spec(node)
+    spec = _spec(node, rt)
     outer = procs.start(
         f"node-{node.name}",
         ["unshare", "--pid", "--mount", "--mount-proc", "--fork", "--propagation", "slave",
          "--kill-child=SIGTERM", sys.executable, "-m", "conformance.targets.realnode.nodeinit",
          str(spec)],
+        env=rt.env(),
     )  # fmt: skip
     init = _init_pid(node, outer)
     deadline = time.monotonic() + 90
@@ -391,9 +399,10 @@ def leftovers() -> list[str]:
     return left
 
 
-def has_tools() -> list[str]:
+def has_tools(runtime: str = "") -> list[str]:
     need = ["kubelet", "crictl", "pause", "kube-apiserver", "etcd", "kube-controller-manager",
             "kube-scheduler", *(f"cni/{p}" for p in CNI_PLUGINS)]  # fmt: skip
     missing = [n for n in need if not (BIN / n).exists()]
-    missing += [t for t in ("unshare", "nsenter", "containerd", "runc") if not shutil.which(t)]
-    return missing
+    missing += [t for t in ("unshare", "nsenter") if not shutil.which(t)]
+    rt = runtimes.runtime(runtime)
+    return missing + [f"{p} ({rt.name}: {rt.fix})" for p in rt.missing()]

@@ -288,11 +288,13 @@ def up(*, standalone: bool = False, runtime: str = "") -> Api | None:
     return api
 
 
-def up_nodes(count: int) -> Api:
-    """Cluster mode: the control plane, then `count` kubelets each in a node of its own (nodes)."""
+def up_nodes(count: int, runtime: str = "") -> Api:
+    """Cluster mode: the control plane, then `count` kubelets each in a node of its own (nodes),
+    each on `runtime`'s containerd (realnode.runtimes)."""
     if not 1 <= count <= nodes.MAX_NODES:
         raise RuntimeError(f"--nodes must be 1..{nodes.MAX_NODES}, got {count}")
-    if missing := nodes.has_tools():
+    rt = runtimes.runtime(runtime)
+    if missing := nodes.has_tools(runtime):
         raise RuntimeError(f"not built or not installed: {', '.join(missing)} (nox -s node-build)")
     alive = [n for n in (*ORDER, "containerd") if (p := procs.recorded(n)) and p.alive]
     if alive or nodes.recorded_nodes():
@@ -305,7 +307,7 @@ def up_nodes(count: int) -> Api:
     nodes.start_service_relay()
     chosen = nodes.layouts(count)
     for node in chosen:
-        nodes.start_node(node)
+        nodes.start_node(node, rt)
     kubeconfig(PKI, "admin", nodes.ADMIN_KUBECONFIG)
     nodes.wait_nodes_ready(api, chosen)
     return api
@@ -378,6 +380,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--nodes", type=int, default=0, help="cluster mode: this many nodes of their own (1..8)"
     )
+    parser.add_argument(
+        "--node-runtime",
+        choices=list(runtimes.RUNTIMES),
+        default="",
+        help="the containerd the node(s) run (default: containerd-1.7)",
+    )
     args = parser.parse_args(argv)
     start = time.monotonic()
     if args.action == "up":
@@ -391,7 +399,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"node-up: {exc}", file=sys.stderr)
                 return 2
         try:
-            api = up_nodes(args.nodes) if args.nodes else up(standalone=args.standalone)
+            api = (
+                up_nodes(args.nodes, args.node_runtime)
+                if args.nodes
+                else up(standalone=args.standalone, runtime=args.node_runtime)
+            )
             if args.plugin is not None and not args.nodes:
                 start_in_host_network(plugin, PLUGIN_HEALTH)
         except (RuntimeError, subprocess.CalledProcessError) as exc:
