@@ -83,17 +83,32 @@ def test_a_runtime_with_cdi_off_is_blamed_never_the_plugin(tmp_path: Path) -> No
     assert "reports CDI off" in reason and "fix: enable CDI in the runtime" in reason
 
 
+def _cluster_run(made: dict[str, str], out: Path, marks: str) -> subprocess.CompletedProcess[str]:
+    argv = [
+        sys.executable, "-m", "conformance.cli", "run", "--target", "cluster",
+        "--kubeconfig", made["kubeconfig"], "--node", NODE_NAME, "--node-access", "pod",
+        "--image", made["plugin"], "--guest-image", made["guest"],
+        "--diag-image", made["guest"], "--out", str(out), "-m", marks,
+    ]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=1800, cwd=REPO)
+
+
 def test_a_cluster_mode_node_on_containerd_2_runs_the_guest_and_cdi_checks(tmp_path: Path) -> None:
     out = tmp_path / "run"
     with cluster_mode_nodes(1, RUNTIME) as made:
-        argv = [
-            sys.executable, "-m", "conformance.cli", "run", "--target", "cluster",
-            "--kubeconfig", made["kubeconfig"], "--node", NODE_NAME, "--node-access", "pod",
-            "--image", made["plugin"], "--guest-image", made["guest"],
-            "--diag-image", made["guest"], "--out", str(out), "-m", "guest or cdi",
-        ]  # fmt: skip
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, cwd=REPO)
+        proc = _cluster_run(made, out, "guest or cdi")
     assert proc.returncode == 0, run_output(proc, out)
     data = json.loads((out / "results.json").read_text())
     assert {c["status"] for c in data["checks"]} == {"passed"}, run_output(proc, out)
     _on_containerd2(data)
+
+
+def test_a_cluster_nodes_runtime_with_cdi_off_is_blamed_never_the_plugin(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with cluster_mode_nodes(1, "containerd-2.3-cdi-off") as made:
+        proc = _cluster_run(made, out, "guest")
+    data = json.loads((out / "results.json").read_text())
+    assert proc.returncode == EXIT_ENVIRONMENT_BLOCKED, run_output(proc, out)
+    assert {c["status"] for c in data["checks"]} == {"environment_blocked"}, run_output(proc, out)
+    (reason,) = {c["reason"] for c in data["checks"]}
+    assert "reports CDI off" in reason and "the plugin writes CDI spec" in reason, reason

@@ -33,6 +33,8 @@ from conformance.contract.node import (
     ReadStorm,
 )
 from conformance.contract.plugin import PluginUnderTest
+from conformance.contract.results import EnvironmentBlocked
+from conformance.contract.runtime_facts import cdi_off
 from conformance.contract.wait import wait_for
 from conformance.targets.cluster.access import (
     CDI_DIR,
@@ -179,6 +181,7 @@ class ClusterNode(
             "the plugin's CDI spec at setup",
             self._poll,
         )
+        self._runtime_keeps_cdi()
         self.host_metadata_at_start = self.host_device_metadata()
         self.enable_inside()
         self.enable_cdi_inside()
@@ -189,6 +192,19 @@ class ClusterNode(
             allocation = self.allocate()
             if allocation.ok:
                 self.session_guest = self.start_long_guest(allocation)
+
+    def _runtime_keeps_cdi(self) -> None:
+        """A plugin that writes a CDI spec needs a runtime with CDI on: off, the runtime drops
+        (containerd 2.0) or refuses (2.2 and later) every device the plugin's allocations
+        name, and that is the runtime's failure, never the plugin's (issue 38). A runtime
+        that cannot be asked (no crictl on the node) is not judged."""
+        try:
+            facts = self.container_runtime()
+        except Exception:  # reported in the environment (suite/identity) with its error
+            return
+        seen = f"the plugin writes CDI spec {self.spec_name}, whose devices it would not inject"
+        if blamed := cdi_off(facts, seen):
+            raise EnvironmentBlocked(blamed)
 
     def _discover_spec(self) -> str | None:
         """The one spec file in the node's CDI dir (of the profile's CDI kind, if declared);
