@@ -27,6 +27,7 @@ ALLOWED: dict[str, dict[str, str]] = {
     "guest/__main__.py": {"HYPERLIGHT_DEVICE_PATH": "read inside the workload, from its pod spec"},
     "manifests/chart.py": {"XDG_CACHE_HOME": "the freedesktop cache dir, where helm is cached"},
     "targets/kindnode/workflow.py": {"PATH": "extended for a child process"},
+    "targets/realnode/runtimes.py": {"PATH": "extended for containerd (its runtime's shim)"},
     # where this machine keeps caches, roots and its package mirror: the machine's layout
     "targets/cluster/kindbin.py": {
         "HV_KIND_CACHE": "the machine's kind cache",
