@@ -23,6 +23,12 @@ EVERY_CHECK = [c.id for c in judging(API_DEVICE_PLUGIN)] + [
 ]
 
 
+# A mutant that never notices a kubelet restart still retries its first registration: with
+# the default budget (8 attempts, about 10 s) a loaded machine's registration-failure check
+# outlasted it once, and the mutant then failed for its retry budget, not its mutation.
+MUTANT_ENV = {"tests.mutants.no_reregistration": ("HV_REGISTER_ATTEMPTS=1000",)}
+
+
 def hvconform(tmp_path: Path, *args: str, plugin: str = "") -> tuple[int, dict[str, Any], str]:
     out = tmp_path / "run"
     cmd = [
@@ -37,7 +43,14 @@ def hvconform(tmp_path: Path, *args: str, plugin: str = "") -> tuple[int, dict[s
     ]
     if plugin:
         # The plugin runs with its own working dir: the mutants are found through PYTHONPATH.
-        argv = ["env", f"PYTHONPATH={ROOT}", sys.executable, "-m", plugin]
+        argv = [
+            "env",
+            f"PYTHONPATH={ROOT}",
+            *MUTANT_ENV.get(plugin, ()),
+            sys.executable,
+            "-m",
+            plugin,
+        ]
         cmd += ["--plugin-cmd", shlex.join(argv)]  # a checkout path may hold a space
     cmd += args  # last: pytest's own arguments follow "--"
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
