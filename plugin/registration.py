@@ -60,9 +60,13 @@ def _remove_own(socket: Path, inode: Identity | None) -> None:
 STREAM_LOST = "ListAndWatch stream ended: the kubelet disconnected this endpoint"
 OWN_SOCKET_REMOVED = "own socket removed"
 KUBELET_RECREATED = "kubelet.sock re-created"
+KUBELET_LISTENING = "kubelet.sock accepts connections again"
 # What says a kubelet is (again) there to register with, after the attempts gave up: its socket
-# made again, or ours removed (the kubelet's start-up cleanup deletes every socket in the dir).
-NEW_KUBELET = (OWN_SOCKET_REMOVED, KUBELET_RECREATED)
+# made again, ours removed (the kubelet's start-up cleanup deletes every socket in the dir), or
+# the socket the last attempts could not reach now accepting (made between bind and listen).
+NEW_KUBELET = (OWN_SOCKET_REMOVED, KUBELET_RECREATED, KUBELET_LISTENING)
+# Codes of an attempt that never reached a kubelet (nothing listening, or no answer).
+UNREACHED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def _listening(path: Path) -> bool:
@@ -110,6 +114,7 @@ class Registrar:
         self._socket: Path | None = None
         self._socket_inode: Identity | None = None
         self._kubelet_inode: Identity | None = None
+        self._gave_up_unreached = False  # the last round gave up without reaching a kubelet
         self._kick = asyncio.Event()
         self._watcher: DirWatcher | None = None
         self._reasserted_at = float("-inf")
@@ -244,6 +249,8 @@ class Registrar:
     async def _register_with_backoff(self) -> bool:
         backoff = self._cfg.register_backoff_initial_s
         last = ""
+        unreached = False
+        self._gave_up_unreached = False
         for attempt in range(1, self._cfg.register_attempts + 1):
             if _inode(self._socket) != self._socket_inode:  # type: ignore[arg-type]
                 await self._serve()  # removed under us (kubelet start-up cleanup): serve again
@@ -254,6 +261,7 @@ class Registrar:
                 await self._register_once()
             except grpc.aio.AioRpcError as exc:
                 last = f"{exc.code().name}: {exc.details()}"
+                unreached = exc.code() in UNREACHED
                 metrics.REGISTRATIONS.labels(result="failed").inc()
                 warn("register_failed", attempt=attempt, error=last, socket=str(self._socket))
                 self._health.set_registered(False, f"attempt {attempt} failed: {last}")
@@ -282,6 +290,11 @@ class Registrar:
             self._health.set_registered(True, "")
             return True
         warn("register_gave_up", attempts=self._cfg.register_attempts, error=last)
+        # A burst of the kubelet's start-up events (its cleanup deleting every socket, then
+        # its socket's bind before its listen) can spend every attempt in milliseconds, the
+        # last one recording the new kubelet.sock: only its accepting says the kubelet is there
+        # (a CI run's graceful restart, measured: 8 attempts in 24 ms, never registered again).
+        self._gave_up_unreached = unreached
         self._health.set_registered(
             False,
             f"gave up after {self._cfg.register_attempts} attempts ({last}); "
@@ -322,6 +335,8 @@ class Registrar:
         kubelet = _inode(self._cfg.device_plugin_dir / KUBELET_SOCKET)
         if kubelet is not None and kubelet != self._kubelet_inode:
             return KUBELET_RECREATED
+        if self._gave_up_unreached and _listening(self._cfg.device_plugin_dir / KUBELET_SOCKET):
+            return KUBELET_LISTENING
         if self._stream_lost():
             return STREAM_LOST
         return ""

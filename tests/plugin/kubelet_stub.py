@@ -59,11 +59,12 @@ class KubeletStub(pb_grpc.RegistrationServicer):
             context.abort(grpc.StatusCode.UNKNOWN, f"failed to dial device plugin: {error}")
         return pb.Empty()
 
-    def start(self) -> None:
+    def start(self, at: Path | None = None) -> None:
+        """Serve Registration at the plugin dir's kubelet.sock, or at `at` (a test in front)."""
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         pb_grpc.add_RegistrationServicer_to_server(self, server)
-        server.add_insecure_port(f"unix:{self.plugin_dir / 'kubelet.sock'}")
+        server.add_insecure_port(f"unix:{at or self.plugin_dir / 'kubelet.sock'}")
         server.start()
         self._server = server
         self.started_at = time.monotonic()

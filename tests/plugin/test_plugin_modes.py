@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
+from plugin.registration import KUBELET_LISTENING
 from tests.plugin.kubelet_stub import KubeletStub
 from tests.plugin.plugin_process import Node, PluginProcess, Stream, wait_for
 
@@ -159,6 +162,63 @@ def test_a_kubelet_back_after_the_attempts_gave_up_gets_a_registration(node: Nod
     finally:
         assert proc.stop() == 0
         kubelet.stop()
+
+
+def _relay(listener: socket.socket, to: Path) -> None:
+    """Accept on `listener` and pass each connection's bytes to and from the socket at `to`."""
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return  # the listener closed: the test is over
+        upstream = socket.socket(socket.AF_UNIX)
+        upstream.connect(str(to))
+        for a, b in ((conn, upstream), (upstream, conn)):
+            threading.Thread(target=pump, args=(a, b), daemon=True).start()
+
+
+def test_a_kubelet_socket_that_starts_accepting_after_the_attempts_gave_up(node: Node) -> None:
+    """A CI run's graceful kubelet restart: the kubelet's start-up events (its cleanup deleting
+    every socket, its new socket's bind before its listen) kicked the plugin's 8 attempts out in
+    24 ms, the last one against the socket just bound, not yet listening; the plugin gave up
+    with that socket as the kubelet's, and nothing changed after: never registered again.
+
+    Here the kubelet's socket is bound and not listening (connect refused) until the attempts
+    gave up; then the very same socket listens (a relay hands its connections to a kubelet
+    stub), which no inotify event announces: the plugin must still register."""
+    path = node.plugin_dir / "kubelet.sock"
+    bound = socket.socket(socket.AF_UNIX)
+    bound.bind(str(path))  # bound, not listening: a connect is refused
+    kubelet = KubeletStub(node.plugin_dir)
+    behind = node.root / "stub.sock"
+    proc = PluginProcess(node, kubelet, "--register-attempts", "2", "--register-backoff-max", "0.1")
+    try:
+        wait_for(
+            lambda: any(e.get("event") == "register_gave_up" for e in proc.events()),
+            30,
+            "plugin to give up on a kubelet socket that does not listen yet",
+        )
+        kubelet.start(at=behind)
+        bound.listen(16)
+        threading.Thread(target=_relay, args=(bound, behind), daemon=True).start()
+        reg = kubelet.wait_serving_after(0.0, 30)  # TimeoutError names the attempts seen
+        assert reg.resource_name == "hyperlight.dev/hypervisor"
+        assert any(
+            e.get("event") == "restart_detected" and e.get("reason") == KUBELET_LISTENING
+            for e in proc.events()
+        ), "the plugin did not say why it registered again"
+    finally:
+        assert proc.stop() == 0
+        kubelet.stop()
+        bound.close()
 
 
 def test_exec_probe_subcommand(plugin: PluginProcess, node: Node) -> None:

@@ -29,7 +29,9 @@ from tests.realnode.sides import EmulatorSide, PluginThread, RealSide, Side, set
 
 USES_NODE_STACK = True  # conftest: one node stack at a time on this machine
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+# the first test waits for the machine's node lock inside its own timeout: the other node-stack
+# modules hold it for up to 15 min on a loaded CI worker (300 s expired there once)
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 FIXTURES = REPO / "fixtures" / "realnode"
 VENDOR = "hvdiff.example"

@@ -44,7 +44,7 @@ USES_NODE_STACK = True  # conftest: one node stack at a time on this machine
 
 # a timeout per test that also covers the module's node stack coming up (pytest-timeout counts
 # fixture setup): on a loaded machine the stack and the kubelet's unprepare take minutes
-pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow, pytest.mark.timeout(1800)]
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 DRIVER_DIR = Path(PLUGINS_DIR) / DRA_DRIVER
 LIVE_S = 90.0

@@ -35,6 +35,8 @@ from tests.fixture_plugins import build_go_kvm
 from tests.realnode.live_runs import run_node, statuses
 
 USES_NODE_STACK = True  # conftest: one node stack at a time on this machine
+# the first test waits for that lock inside its own timeout (other modules hold it for minutes)
+pytestmark = pytest.mark.timeout(1800)
 
 GO_KVM = REPO / "fixtures" / "plugins" / "go-kvm" / "profile.yaml"
 # What the node target cannot make for any plugin: it deploys no DaemonSet to roll, and it does
