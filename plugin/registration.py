@@ -61,10 +61,10 @@ STREAM_LOST = "ListAndWatch stream ended: the kubelet disconnected this endpoint
 OWN_SOCKET_REMOVED = "own socket removed"
 KUBELET_RECREATED = "kubelet.sock re-created"
 KUBELET_LISTENING = "kubelet.sock accepts connections again"
-# What says a kubelet is (again) there to register with, after the attempts gave up: its socket
-# made again, ours removed (the kubelet's start-up cleanup deletes every socket in the dir), or
-# the socket the last attempts could not reach now accepting (made between bind and listen).
-NEW_KUBELET = (OWN_SOCKET_REMOVED, KUBELET_RECREATED, KUBELET_LISTENING)
+# Besides STREAM_LOST, each restart reason says a kubelet is (again) there to register with, even
+# after the attempts gave up: its socket made again, ours removed (the kubelet's start-up cleanup
+# deletes every socket in the dir), or the socket the last attempts could not reach now
+# accepting (made between bind and listen).
 # Codes of an attempt that never reached a kubelet (nothing listening, or no answer).
 UNREACHED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
@@ -367,13 +367,13 @@ class Registrar:
                     registered = await self._register_with_backoff()
                     continue
                 await self._serve()
-                # After giving up, only news of a kubelet is worth a new round of attempts. Our
-                # socket removed is such news: a kubelet crashed while its stream ended looked
-                # like a lost stream, the attempts ran out before it came back (8 of them with
-                # the default backoff, about 10 s: a loaded CI machine's kubelet took longer),
-                # and its cleanup removing our socket was the one event left to see.
-                if registered or reason in NEW_KUBELET:
-                    registered = await self._register_with_backoff()
+                # Every other reason is news of a kubelet, worth a new round of attempts even
+                # after giving up. Our socket removed is such news: a kubelet crashed while its
+                # stream ended looked like a lost stream, the attempts ran out before it came
+                # back (8 of them with the default backoff, about 10 s: a loaded CI machine's
+                # kubelet took longer), and its cleanup removing our socket was the one event
+                # left to see.
+                registered = await self._register_with_backoff()
         finally:
             await reap(watch_task)
             await self._stop_server()

@@ -97,15 +97,16 @@ def test_device_access_mode_gives_a_device_spec(node: Node, kubelet: KubeletStub
         assert proc.stop() == 0
 
 
+def _gave_up(proc: PluginProcess, what: str) -> None:
+    """Wait (30 s) for the plugin's register_gave_up event."""
+    wait_for(lambda: any(e.get("event") == "register_gave_up" for e in proc.events()), 30, what)
+
+
 def test_registration_bounded_then_recovers(node: Node) -> None:
     kubelet = KubeletStub(node.plugin_dir)  # not started: nobody listens on kubelet.sock
     proc = PluginProcess(node, kubelet, "--register-attempts", "3", "--register-backoff-max", "0.2")
     try:
-        wait_for(
-            lambda: any(e.get("event") == "register_gave_up" for e in proc.events()),
-            30,
-            "plugin to give up after 3 attempts",
-        )
+        _gave_up(proc, "plugin to give up after 3 attempts")
         failures = [e for e in proc.events() if e.get("event") == "register_failed"]
         assert len(failures) == 3
         status, body = proc.http("/readyz")
@@ -139,11 +140,7 @@ def test_a_kubelet_back_after_the_attempts_gave_up_gets_a_registration(node: Nod
     kubelet = KubeletStub(node.plugin_dir)
     proc = PluginProcess(node, kubelet, "--register-attempts", "2", "--register-backoff-max", "0.1")
     try:
-        wait_for(
-            lambda: any(e.get("event") == "register_gave_up" for e in proc.events()),
-            30,
-            "plugin to give up after 2 attempts on the stale kubelet.sock",
-        )
+        _gave_up(proc, "plugin to give up after 2 attempts on the stale kubelet.sock")
         # The kubelet's start-up: its cleanup and its Listen take microseconds, a plugin notices
         # both after they happened; the freed inode goes to the new kubelet.sock, as it does
         # for the real kubelet (the plugin's own socket is removed last here, so that its new
@@ -201,11 +198,7 @@ def test_a_kubelet_socket_that_starts_accepting_after_the_attempts_gave_up(node:
     behind = node.root / "stub.sock"
     proc = PluginProcess(node, kubelet, "--register-attempts", "2", "--register-backoff-max", "0.1")
     try:
-        wait_for(
-            lambda: any(e.get("event") == "register_gave_up" for e in proc.events()),
-            30,
-            "plugin to give up on a kubelet socket that does not listen yet",
-        )
+        _gave_up(proc, "plugin to give up on a kubelet socket that does not listen yet")
         kubelet.start(at=behind)
         bound.listen(16)
         threading.Thread(target=_relay, args=(bound, behind), daemon=True).start()
