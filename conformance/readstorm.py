@@ -1,4 +1,4 @@
-"""A timed read storm: `python -m conformance.readstorm PATH --accept F ... --out J`.
+"""A timed read storm: `python -m hvconform.readstorm PATH --accept F ... --out J`.
 
 Reads PATH in a tight loop until SIGTERM. Every read is one of the accepted contents, unexpected
 (torn or foreign) or an error; each change of accepted content is stamped with time.monotonic()
@@ -21,7 +21,7 @@ CLOCK_EVERY = 256  # reads between clock readings for the per-second rate bucket
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="conformance.readstorm", description=__doc__)
+    parser = argparse.ArgumentParser(prog="hvconform.readstorm", description=__doc__)
     parser.add_argument("path")
     parser.add_argument("--accept", action="append", default=[], help="file of accepted content")
     parser.add_argument("--out", required=True, help="JSON results, written at SIGTERM")

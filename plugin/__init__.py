@@ -4,10 +4,10 @@ from __future__ import annotations
 
 
 def __getattr__(name: str) -> str:
-    # Lazy: `import plugin` stays cheap (the SIGTERM handler must come before slow imports),
+    # Lazy: `import hv_device_plugin` stays cheap (the SIGTERM handler must come before slow imports),
     # and the version is read from package metadata, where pyproject.toml defines it once.
     if name == "__version__":
-        from plugin.version import version
+        from hv_device_plugin.version import version
 
         return version()
-    raise AttributeError(f"module 'plugin' has no attribute {name!r}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """Process wiring: the only place that exits. `hv-device-plugin --help` lists every option.
 
 Start-up order is a measured choice: configuration (light modules), then the probe helper is
-spawned, and only then are grpc and protobuf imported (plugin.daemon), about 70 ms that the
+spawned, and only then are grpc and protobuf imported (hv_device_plugin.daemon), about 70 ms that the
 helper's own interpreter start overlaps on another core. The device is still checked, and the
 spec repaired, before anything is advertised.
 """
@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import sys
 
-if __name__ == "__main__":  # `python -m plugin`; the console script goes through plugin.entry
-    from plugin.entry import exit_on_sigterm
+if (
+    __name__ == "__main__"
+):  # `python -m hv_device_plugin`; the console script goes through hv_device_plugin.entry
+    from hv_device_plugin.entry import exit_on_sigterm
 
     exit_on_sigterm()
 
@@ -19,16 +21,18 @@ import asyncio
 import socket
 from collections.abc import Sequence
 
-from plugin import logs
-from plugin.config import EXIT_CONFIG, Config, ConfigError, parse_config
-from plugin.inputs import printable
-from plugin.preflight import preflight
-from plugin.probe_worker import ProbeWorker
+from hv_device_plugin import logs
+from hv_device_plugin.config import EXIT_CONFIG, Config, ConfigError, parse_config
+from hv_device_plugin.inputs import printable
+from hv_device_plugin.preflight import preflight
+from hv_device_plugin.probe_worker import ProbeWorker
 
 
 def probe_main(argv: Sequence[str]) -> int:
-    """`probe liveness|readiness` (plugin.probe_cli): loaded only when asked for."""
-    from plugin.probe_cli import probe_main as probe  # grpc: not on the serving path's clock
+    """`probe liveness|readiness` (hv_device_plugin.probe_cli): loaded only when asked for."""
+    from hv_device_plugin.probe_cli import (
+        probe_main as probe,  # grpc: not on the serving path's clock
+    )
 
     return probe(argv)
 
@@ -40,10 +44,10 @@ async def _start(cfg: Config, listener: socket.socket | None) -> int:
             await worker.start()
         # Deliberately here, after the spawn (see the module docstring), not at the top.
         if cfg.mode == "dra":
-            from plugin.dra.daemon import run_dra
+            from hv_device_plugin.dra.daemon import run_dra
 
             return await run_dra(cfg, listener, worker)
-        from plugin.daemon import run
+        from hv_device_plugin.daemon import run
     except BaseException:
         if worker is not None:
             await worker.close()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from plugin.cdi_spec import (
+from hv_device_plugin.cdi_spec import (
     DEFAULT_CDI_VERSION,
     DEFAULT_KIND,
     KNOWN_VERSIONS,
@@ -28,8 +28,8 @@ from plugin.cdi_spec import (
     required_version,
     validate_spec,
 )
-from plugin.device import a_file_type
-from plugin.inputs import printable
+from hv_device_plugin.device import a_file_type
+from hv_device_plugin.inputs import printable
 
 __all__ = [
     "DEFAULT_CDI_VERSION",

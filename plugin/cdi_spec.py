@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from plugin.api.names import CDI_KIND
+from hv_device_plugin.api.names import CDI_KIND
 
 DEFAULT_KIND = CDI_KIND
 # Configurable. The content itself needs only 0.3.0; podman 4.3 (Debian 12) resolves 0.5.0

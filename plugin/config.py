@@ -1,6 +1,6 @@
-"""Parsing and checking of every option value (plugin.options defines the options).
+"""Parsing and checking of every option value (hv_device_plugin.options defines the options).
 
-parse_config checks every value's syntax and range and touches nothing; plugin.preflight then
+parse_config checks every value's syntax and range and touches nothing; hv_device_plugin.preflight then
 checks the directories and binds the health port. Both run before anything is created.
 """
 
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
-from plugin.api.dra_wire import PLUGINS_DIR
-from plugin.api.names import DEVICE_ACCESS_RESOURCE, HYPERVISOR_RESOURCE
-from plugin.cdi_spec import desired_spec, validate_spec
-from plugin.inputs import (
+from hv_device_plugin.api.dra_wire import PLUGINS_DIR
+from hv_device_plugin.api.names import DEVICE_ACCESS_RESOURCE, HYPERVISOR_RESOURCE
+from hv_device_plugin.cdi_spec import desired_spec, validate_spec
+from hv_device_plugin.inputs import (
     Invalid,
     check_resource_name,
     parse_host_port,
@@ -29,7 +29,7 @@ from plugin.inputs import (
     parse_seconds,
     show,
 )
-from plugin.options import (
+from hv_device_plugin.options import (
     ALLOWED_DEVICES,
     CDI_VERSIONS,
     DEFAULT_HEALTH_HOST,
@@ -54,7 +54,7 @@ from plugin.options import (
     flag_label,
 )
 
-# Importers use plugin.config for the option facts as well as for parsing.
+# Importers use hv_device_plugin.config for the option facts as well as for parsing.
 __all__ = [
     "ALLOWED_DEVICES",
     "CDI_VERSIONS",

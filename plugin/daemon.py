@@ -1,6 +1,6 @@
 """The running plugin: checks, the gRPC servers, registration, HTTP endpoints, and their stop.
 
-Imported by plugin.__main__ only after it has started the probe helper, so that the helper's
+Imported by hv_device_plugin.__main__ only after it has started the probe helper, so that the helper's
 interpreter boots on another core while this module's imports (grpc, protobuf: most of the
 start-up time) load here.
 """
@@ -14,16 +14,16 @@ import signal
 import socket
 import sys
 
-from plugin import logs, shutdown
-from plugin.cdi import CdiReconciler
-from plugin.config import Config
-from plugin.endpoints import HttpEndpoints
-from plugin.health import HealthState
-from plugin.monitor import Monitor
-from plugin.probe_worker import ProbeWorker
-from plugin.registration import Registrar
-from plugin.server import DevicePluginServicer
-from plugin.version import source_commit, version
+from hv_device_plugin import logs, shutdown
+from hv_device_plugin.cdi import CdiReconciler
+from hv_device_plugin.config import Config
+from hv_device_plugin.endpoints import HttpEndpoints
+from hv_device_plugin.health import HealthState
+from hv_device_plugin.monitor import Monitor
+from hv_device_plugin.probe_worker import ProbeWorker
+from hv_device_plugin.registration import Registrar
+from hv_device_plugin.server import DevicePluginServicer
+from hv_device_plugin.version import source_commit, version
 
 SHUTDOWN_FLUSH_S = 2.0
 # A shutdown step stalled or failed, or a task lost its cancel: logged, and the exit says so.

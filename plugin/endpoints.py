@@ -13,9 +13,9 @@ import socket
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from plugin import metrics
-from plugin.health import HealthState
-from plugin.logs import log, warn
+from hv_device_plugin import metrics
+from hv_device_plugin.health import HealthState
+from hv_device_plugin.logs import log, warn
 
 LIVENESS_SERVICE = "liveness"
 READINESS_SERVICE = ""

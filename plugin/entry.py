@@ -2,7 +2,7 @@
 
 As PID 1 in a container SIGTERM is ignored until a handler exists, and importing grpc takes a
 while: a stop during start-up must still end the process at once. Only the program installs this
-handler; modules that import plugin.__main__ (tests, probes) keep their own signal handling.
+handler; modules that import hv_device_plugin.__main__ (tests, probes) keep their own signal handling.
 """
 
 from __future__ import annotations
@@ -17,6 +17,6 @@ def exit_on_sigterm() -> None:
 
 def main() -> int:
     exit_on_sigterm()
-    from plugin.__main__ import main as run_plugin
+    from hv_device_plugin.__main__ import main as run_plugin
 
     return run_plugin()

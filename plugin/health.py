@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from plugin import metrics
-from plugin.logs import log
+from hv_device_plugin import metrics
+from hv_device_plugin.logs import log
 
 
 @dataclass

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from plugin.version import source_commit, version
+from hv_device_plugin.version import source_commit, version
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -13,15 +13,15 @@ from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
-from plugin import metrics
-from plugin.cdi import CdiStatus
-from plugin.config import Config
-from plugin.device import CheckResult, DeviceKind, check_host_entry
-from plugin.health import HealthState
-from plugin.logs import log, warn
-from plugin.probe_worker import ProbeWorker
-from plugin.shutdown import reap
-from plugin.watch import DirWatcher, MountTableWatcher
+from hv_device_plugin import metrics
+from hv_device_plugin.cdi import CdiStatus
+from hv_device_plugin.config import Config
+from hv_device_plugin.device import CheckResult, DeviceKind, check_host_entry
+from hv_device_plugin.health import HealthState
+from hv_device_plugin.logs import log, warn
+from hv_device_plugin.probe_worker import ProbeWorker
+from hv_device_plugin.shutdown import reap
+from hv_device_plugin.watch import DirWatcher, MountTableWatcher
 
 T = TypeVar("T")
 _CDI, _DEVICE = "cdi", "device"
@@ -57,8 +57,8 @@ class _Flight(Generic[T]):
 
 
 class SpecKeeper(Protocol):
-    """What keeps CDI specs exact: the device plugin's one spec (plugin.cdi.CdiReconciler), or
-    the DRA driver's prepared claims' specs (plugin.dra.claim_specs.ClaimSpecs)."""
+    """What keeps CDI specs exact: the device plugin's one spec (hv_device_plugin.cdi.CdiReconciler), or
+    the DRA driver's prepared claims' specs (hv_device_plugin.dra.claim_specs.ClaimSpecs)."""
 
     def watches(self, name: str) -> bool: ...
     def label(self) -> str: ...

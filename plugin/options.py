@@ -1,6 +1,6 @@
 """The plugin's options, each once: flag, HV_ environment variable, default, bounds, help.
 
-Bounds are facts the help text shows and plugin.config enforces; nothing here reads a value.
+Bounds are facts the help text shows and hv_device_plugin.config enforces; nothing here reads a value.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import argparse
 from dataclasses import dataclass
 from typing import NoReturn
 
-from plugin.api.dra_wire import PLUGINS_REGISTRY_DIR
-from plugin.api.names import DRA_DRIVER, SPEC_FILENAME
-from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
-from plugin.cdi_spec import UINT32_MAX
-from plugin.inputs import printable
+from hv_device_plugin.api.dra_wire import PLUGINS_REGISTRY_DIR
+from hv_device_plugin.api.names import DRA_DRIVER, SPEC_FILENAME
+from hv_device_plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
+from hv_device_plugin.cdi_spec import UINT32_MAX
+from hv_device_plugin.inputs import printable
 
 ALLOWED_DEVICES = ("/dev/kvm", "/dev/mshv")
 DEFAULT_PROBE_MAX_AGE_S = 0.02
@@ -22,7 +22,7 @@ CDI_VERSIONS = ("0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
 # One slot is one container holding the device. Kubernetes is tested to 110 pods per node (the
 # kubelet's default --max-pods); 10,000 covers a node raised to 1,000 pods with 10 such
 # containers each, and keeps a ListAndWatch snapshot (~24 bytes a device) far below the
-# kubelet's 4 MiB gRPC receive limit. It also bounds every request (plugin.request_checks).
+# kubelet's 4 MiB gRPC receive limit. It also bounds every request (hv_device_plugin.request_checks).
 MAX_SLOTS = 10_000
 # CDI stores uid/gid as uint32; 2**32-1 is (uid_t)-1, which chown reads as "leave unchanged".
 MAX_ID = UINT32_MAX - 1
@@ -209,7 +209,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 class _Version(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
-        from plugin.version import source_commit, version
+        from hv_device_plugin.version import source_commit, version
 
         print(f"hv-device-plugin {version()} (source commit {source_commit()})")
         parser.exit()

@@ -15,9 +15,9 @@ import ssl
 import stat
 from pathlib import Path
 
-from plugin.config import Config, ConfigError
-from plugin.device import a_file_type, describe_oserror
-from plugin.inputs import show
+from hv_device_plugin.config import Config, ConfigError
+from hv_device_plugin.device import a_file_type, describe_oserror
+from hv_device_plugin.inputs import show
 
 # What asyncio.start_server would use; connections made before the loop serves wait in it.
 LISTEN_BACKLOG = 100

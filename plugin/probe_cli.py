@@ -10,13 +10,13 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from plugin.api.dra_wire import PLUGINS_DIR
-from plugin.api.names import DRA_DRIVER, DRA_SOCKET
-from plugin.api.wire import DEVICE_PLUGIN_DIR
-from plugin.config import EXIT_CONFIG, ConfigError, env_name, parse_config
-from plugin.endpoints import LIVENESS_SERVICE, READINESS_SERVICE
-from plugin.inputs import Invalid, parse_seconds, printable
-from plugin.options import OneLineParser
+from hv_device_plugin.api.dra_wire import PLUGINS_DIR
+from hv_device_plugin.api.names import DRA_DRIVER, DRA_SOCKET
+from hv_device_plugin.api.wire import DEVICE_PLUGIN_DIR
+from hv_device_plugin.config import EXIT_CONFIG, ConfigError, env_name, parse_config
+from hv_device_plugin.endpoints import LIVENESS_SERVICE, READINESS_SERVICE
+from hv_device_plugin.inputs import Invalid, parse_seconds, printable
+from hv_device_plugin.options import OneLineParser
 
 # Deadline of one gRPC Health call made by the `probe` subcommand.
 PROBE_RPC_TIMEOUT_S = (0.05, 60.0)

@@ -1,4 +1,4 @@
-"""Long-lived probe helper process (`python -m plugin.probe_worker`) and its asyncio client.
+"""Long-lived probe helper process (`python -m hv_device_plugin.probe_worker`) and its asyncio client.
 
 A device ioctl can block in the kernel, so identity and usability checks run in a helper that the
 parent can SIGKILL at a deadline. Protocol, one JSON object per line:
@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
-from plugin.device import CheckResult, DeviceCheckError, DeviceKind, open_verified
-from plugin.probes.kvm import probe_kvm
-from plugin.probes.mshv import probe_mshv
+from hv_device_plugin.device import CheckResult, DeviceCheckError, DeviceKind, open_verified
+from hv_device_plugin.probes.kvm import probe_kvm
+from hv_device_plugin.probes.mshv import probe_mshv
 
 # The helper runs this module as __main__ and only needs the code above; asyncio alone would
 # more than double its start-up time, so only the parent side imports it.
@@ -178,7 +178,7 @@ class ProbeWorker:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self._timeout_s = timeout_s
-        self._argv = list(argv) if argv else [sys.executable, "-m", "plugin.probe_worker"]
+        self._argv = list(argv) if argv else [sys.executable, "-m", "hv_device_plugin.probe_worker"]
         self._env = {k: v for k, v in os.environ.items() if k != TEST_ENV} | dict(env or {})
         self._lock = asyncio.Lock()
         self._proc: asyncio.subprocess.Process | None = None

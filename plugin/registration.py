@@ -17,17 +17,17 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from plugin import metrics
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.api import deviceplugin_pb2_grpc as pb_grpc
-from plugin.api.wire import API_VERSION, KUBELET_SOCKET
-from plugin.config import Config
-from plugin.endpoints import GrpcHealth
-from plugin.health import HealthState
-from plugin.logs import log, warn
-from plugin.server import DevicePluginServicer
-from plugin.shutdown import reap
-from plugin.watch import DirWatcher
+from hv_device_plugin import metrics
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from hv_device_plugin.api.wire import API_VERSION, KUBELET_SOCKET
+from hv_device_plugin.config import Config
+from hv_device_plugin.endpoints import GrpcHealth
+from hv_device_plugin.health import HealthState
+from hv_device_plugin.logs import log, warn
+from hv_device_plugin.server import DevicePluginServicer
+from hv_device_plugin.shutdown import reap
+from hv_device_plugin.watch import DirWatcher
 
 # Restart detection polls this often while the plugin dir cannot be watched (missing, or not
 # yet back); once watched, its events and mount-table changes drive it, and a poll every
@@ -132,6 +132,15 @@ class Registrar:
     @property
     def socket_path(self) -> Path | None:
         return self._socket
+
+    def _own_socket_intact(self) -> bool:
+        """Our socket is the file our server bound. No identity at all means it was removed
+        between the bind and its reading (a kubelet's start-up cleanup racing our serve): gone
+        too, not "unchanged" (a CI run's unit test: both attempts then dialled a deleted
+        socket, and nothing after noticed)."""
+        if self._socket is None or self._socket_inode is None:
+            return False
+        return _inode(self._socket) == self._socket_inode
 
     def _on_dir_event(self, _dir: Path, name: str) -> None:
         self._kick.set()
@@ -252,7 +261,7 @@ class Registrar:
         unreached = False
         self._gave_up_unreached = False
         for attempt in range(1, self._cfg.register_attempts + 1):
-            if _inode(self._socket) != self._socket_inode:  # type: ignore[arg-type]
+            if not self._own_socket_intact():
                 await self._serve()  # removed under us (kubelet start-up cleanup): serve again
             self._kubelet_inode = _inode(self._cfg.device_plugin_dir / KUBELET_SOCKET)
             # Streams opened from now on answer this Register: only their end is a loss.
@@ -330,7 +339,7 @@ class Registrar:
         )
 
     def _restart_needed(self) -> str:
-        if self._socket is None or _inode(self._socket) != self._socket_inode:
+        if not self._own_socket_intact():
             return OWN_SOCKET_REMOVED
         kubelet = _inode(self._cfg.device_plugin_dir / KUBELET_SOCKET)
         if kubelet is not None and kubelet != self._kubelet_inode:

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from google.protobuf.message import DecodeError
 
-from plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api import deviceplugin_pb2 as pb
 
 M = TypeVar("M")
 

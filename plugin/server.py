@@ -10,15 +10,15 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from plugin import metrics
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.api import deviceplugin_pb2_grpc as pb_grpc
-from plugin.api.wire import HEALTHY, UNHEALTHY
-from plugin.config import Config
-from plugin.health import HealthState
-from plugin.logs import log, warn
-from plugin.monitor import Monitor
-from plugin.request_checks import (
+from hv_device_plugin import metrics
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from hv_device_plugin.api.wire import HEALTHY, UNHEALTHY
+from hv_device_plugin.config import Config
+from hv_device_plugin.health import HealthState
+from hv_device_plugin.logs import log, warn
+from hv_device_plugin.monitor import Monitor
+from hv_device_plugin.request_checks import (
     Unread,
     allocate_problem,
     max_allocate_bytes,

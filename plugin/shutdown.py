@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Iterable
 from typing import Any
 
-from plugin.logs import log, warn
+from hv_device_plugin.logs import log, warn
 
 STEP_DEADLINE_S = 5.0
 # Past the gRPC server's 0.5 s stop grace: a task not ended by then is cancelled again.

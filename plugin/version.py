@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from plugin.api.names import installed_version
+from hv_device_plugin.api.names import installed_version
 
 COMMIT_ENV = "HV_SOURCE_COMMIT"
 UNKNOWN = "unknown"
@@ -22,7 +22,9 @@ _COMMIT = re.compile(r"[0-9a-f]{7,64}(?:-dirty)?")
 
 
 def version() -> str:
-    return installed_version()  # plugin.api.names reads it; the conformance suite does too
+    return (
+        installed_version()
+    )  # hv_device_plugin.api.names reads it; the conformance suite does too
 
 
 @functools.cache

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from asyncinotify import Inotify, Mask
 
-from plugin.logs import log, warn
+from hv_device_plugin.logs import log, warn
 
 # Entries appearing, going, renamed or re-permissioned, and the directory itself going.
 _ENTRY_MASK = (

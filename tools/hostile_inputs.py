@@ -52,7 +52,7 @@ def _profile(tmp: Path, extra: list[object], raw: str = "") -> Path:
 
 
 def _dry(profile: Path, *extra: str) -> list[str]:
-    return [PY, "-m", "conformance.cli", "run", "--target", "cluster", "--kubeconfig",
+    return [PY, "-m", "hvconform.cli", "run", "--target", "cluster", "--kubeconfig",
             str(KUBECONFIG), "--node", "n1", "--plugin-profile", str(profile), "--dry-run",
             *extra]  # fmt: skip
 
@@ -144,12 +144,12 @@ def _results(tmp: Path) -> list[str]:
     big = text.replace('"metrics": {', '"metrics": {' + metrics + ",", 1)
     (tmp / "r").mkdir()
     (tmp / "r" / "results.json").write_text(big)
-    return [PY, "-m", "conformance.cli", "report", str(tmp / "r" / "results.json"),
+    return [PY, "-m", "hvconform.cli", "report", str(tmp / "r" / "results.json"),
             "--out", str(tmp / "out")]  # fmt: skip
 
 
 def _plugin(url: str) -> CaseFn:
-    return lambda tmp: [PY, "-m", "plugin", "--mode", "dra", "--kube-api-server", url,
+    return lambda tmp: [PY, "-m", "hv_device_plugin", "--mode", "dra", "--kube-api-server", url,
                         "--node-name", "n1"]  # fmt: skip
 
 
@@ -189,7 +189,7 @@ CASES: list[tuple[str, str, CaseFn]] = [
      lambda t: _dry(_profile(t, [{"apiVersion": "v1", "kind": "Namespace",
                                   "metadata": {"name": "default"}}]))),
     ("dra.pluginDir /var/lib/kubelet/plugins", "run --target node --dry-run? (profile load)",
-     lambda t: [PY, "-m", "conformance.cli", "run", "--target", "node", "--plugin-profile",
+     lambda t: [PY, "-m", "hvconform.cli", "run", "--target", "node", "--plugin-profile",
                 str(_dra(t, pluginDir="/var/lib/kubelet/plugins"))]),
     ("chart files/shadow -> /etc/shadow read by .Files.Get", "run --target cluster --dry-run",
      lambda t: _dry(_chart_profile(t, _shadow))),
@@ -213,21 +213,21 @@ CASES: list[tuple[str, str, CaseFn]] = [
                                   "data: {" + ", ".join(f"k{i}: v" for i in range(100_000))
                                   + "}}\n"))),
     ("dra.deviceClass /dev/zero", "run --target node (profile load)",
-     lambda t: [PY, "-m", "conformance.cli", "run", "--target", "node", "--plugin-profile",
+     lambda t: [PY, "-m", "hvconform.cli", "run", "--target", "node", "--plugin-profile",
                 str(_dra(t, deviceClass="/dev/zero"))]),
     ("dra.deviceClass a FIFO", "run --target node (profile load)",
-     lambda t: [PY, "-m", "conformance.cli", "run", "--target", "node", "--plugin-profile",
+     lambda t: [PY, "-m", "hvconform.cli", "run", "--target", "node", "--plugin-profile",
                 str(_fifo(t))]),
     ("report of a 45 MB results file, 2 M metrics", "report", _results),
     ("--image $'bad\\nimage:1' --runtime container", "run --runtime container",
-     lambda t: [PY, "-m", "conformance.cli", "run", "--runtime", "container", "--image",
+     lambda t: [PY, "-m", "hvconform.cli", "run", "--runtime", "container", "--image",
                 "bad\nimage:1", "--out", str(t / "out")]),
     ("--guest-image with a newline", "run --target cluster --dry-run",
-     lambda t: [PY, "-m", "conformance.cli", "run", "--target", "cluster", "--kubeconfig",
+     lambda t: [PY, "-m", "hvconform.cli", "run", "--target", "cluster", "--kubeconfig",
                 str(KUBECONFIG), "--node", "n1", "--dry-run", "--guest-image",
                 "g:1\n## cleanup: nothing will be deleted"]),
     ("a 10 KB image name", "run --target cluster --dry-run",
-     lambda t: [PY, "-m", "conformance.cli", "run", "--target", "cluster", "--kubeconfig",
+     lambda t: [PY, "-m", "hvconform.cli", "run", "--target", "cluster", "--kubeconfig",
                 str(KUBECONFIG), "--node", "n1", "--dry-run", "--image", "a" * 10_000 + ":1"]),
     ("--kube-api-server https://127.0.0.1:99999", "plugin", _plugin("https://127.0.0.1:99999")),
     ("--kube-api-server https://[::1", "plugin", _plugin("https://[::1")),

@@ -50,7 +50,7 @@ refuse() {
 
 # The kindest/node image of each Kubernetes minor the suite certifies on a runner: the one the
 # pinned kind release (KIND_VERSION, v0.33.0) lists, by its digest. The suite's own KIND target
-# builds the same minor offline (conformance.targets.realnode.KUBERNETES_VERSION).
+# builds the same minor offline (hvconform.targets.realnode.KUBERNETES_VERSION).
 pinned_node_image() {
   case $1 in
   v1.37 | v1.37.0) echo "kindest/node:v1.37.0@sha256:a1ed56cfb0e7b93589bdf97c8cd566405a265939e3620fc4f5de89adff580ae5" ;;
@@ -128,7 +128,7 @@ run_phase() {
     # when the engine lacks it (its base, python:3.11-slim, is pinned by digest).
     local guest=${HV_GUEST_IMAGE:-}
     if [[ -z $guest ]]; then
-      guest=$(python -c 'from plugin.api.names import default_guest_image as g; print(g())')
+      guest=$(python -c 'from hv_device_plugin.api.names import default_guest_image as g; print(g())')
     fi
     if ! docker image inspect "$guest" >/dev/null 2>&1; then
       docker build --quiet -t "$guest" -f "$suite/images/guest/Dockerfile" "$suite" >/dev/null ||

@@ -11,10 +11,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from conformance.bench import procfs
-from conformance.bench.figures_host import RssSampler, suite_wall_time
-from conformance.bench.harness import Bench
-from conformance.bench.report import (
+from hvconform.bench import procfs
+from hvconform.bench.figures_host import RssSampler, suite_wall_time
+from hvconform.bench.harness import Bench
+from hvconform.bench.report import (
     SCHEMA,
     Figure,
     compare,
@@ -23,14 +23,14 @@ from conformance.bench.report import (
     render_compare,
     write_reports,
 )
-from conformance.bench.steps import Subject, announce, measure
-from conformance.bench.versus import side_by_side
-from conformance.bench.waits import FULL, QUICK, Plan
-from conformance.contract.args import OneLineParser, output_problem
-from conformance.contract.plugin import PluginUnderTest, ProfileError, load_profile
-from conformance.contract.safeyaml import excerpt
-from conformance.contract.strict_json import one_line
-from conformance.kubelet import LoopThread
+from hvconform.bench.steps import Subject, announce, measure
+from hvconform.bench.versus import side_by_side
+from hvconform.bench.waits import FULL, QUICK, Plan
+from hvconform.contract.args import OneLineParser, output_problem
+from hvconform.contract.plugin import PluginUnderTest, ProfileError, load_profile
+from hvconform.contract.safeyaml import excerpt
+from hvconform.contract.strict_json import one_line
+from hvconform.kubelet import LoopThread
 
 # Figures that are correctness, not speed: any miss fails the run (exit 1).
 MUST_HOLD = (
@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "bench",
         help="benchmark the plugin on a local node against the seed's live figures",
-        description="Runs the real plugin (python -m plugin) against the kubelet emulator in a "
+        description="Runs the real plugin (python -m hv_device_plugin) against the kubelet emulator in a "
         "per-run /tmp node and measures CDI recovery, allocation-triggered repair, "
         "re-registration, health propagation, Allocate latency, a read storm, memory, idle CPU "
         "and wake-ups, and the suite's wall time. Exit 1 when a correctness figure (torn or "
@@ -280,7 +280,7 @@ def summary(figures: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m conformance.bench.cli`: the same as `hvconform bench`."""
+    """`python -m hvconform.bench.cli`: the same as `hvconform bench`."""
     parser: argparse.ArgumentParser = OneLineParser(prog="hvconform")
     register(parser.add_subparsers(dest="command", required=True))
     ns = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])

@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conformance.bench.figures_host import RssSampler
-from conformance.bench.harness import Bench, floor_server
-from conformance.bench.procfs import Span
-from conformance.bench.report import Figure, Target, figure
-from conformance.bench.waits import Plan, within
-from plugin.config import DEFAULT_PROBE_MAX_AGE_S
+from hv_device_plugin.config import DEFAULT_PROBE_MAX_AGE_S
+from hvconform.bench.figures_host import RssSampler
+from hvconform.bench.harness import Bench, floor_server
+from hvconform.bench.procfs import Span
+from hvconform.bench.report import Figure, Target, figure
+from hvconform.bench.waits import Plan, within
 
 LOADGEN_S = 600.0
 ROUNDS = 4  # plugin, floor, plugin, floor, ...: noise from other processes hits both alike
@@ -36,7 +36,7 @@ async def _load(
     """One load generator run against `socket`; its JSON result."""
     out = bench.root / f"loadgen-{tag}-{concurrency}.json"
     proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "conformance.bench.loadgen", str(socket)),
+        *(sys.executable, "-m", "hvconform.bench.loadgen", str(socket)),
         *("--concurrency", str(concurrency), "--requests", str(requests)),
         *("--warmup", str(warmup), "--ids", ",".join(bench.device_ids), "--out", str(out)),
         *("--interval", str(interval)),
@@ -185,7 +185,7 @@ def _figures(
     floor = figure(
         f"allocate.c{concurrency}.floor",
         f"Floor: no-op Allocate latency, concurrency {concurrency}",
-        f"{how}; against the floor (conformance.bench.floor: answers a constant at once): what "
+        f"{how}; against the floor (hvconform.bench.floor: answers a constant at once): what "
         "this machine, grpc.aio and the client cost without any plugin work.",
         "ms",
         base.latencies,

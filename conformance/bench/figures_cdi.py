@@ -16,11 +16,11 @@ from collections.abc import Callable
 
 from asyncinotify import Inotify, Mask
 
-from conformance.bench.harness import Bench
-from conformance.bench.procfs import Span
-from conformance.bench.report import SEED_CDI_RECOVERY_S, Figure, Target, figure
-from conformance.bench.streams import Stream, open_streams
-from conformance.bench.waits import BenchTimeout, Plan, poll_until
+from hvconform.bench.harness import Bench
+from hvconform.bench.procfs import Span
+from hvconform.bench.report import SEED_CDI_RECOVERY_S, Figure, Target, figure
+from hvconform.bench.streams import Stream, open_streams
+from hvconform.bench.waits import BenchTimeout, Plan, poll_until
 
 RECOVERY_S = 10.0  # per injection; the seed needed up to 32.2 s, we fail loudly far sooner
 SEED_TEXT = "22.3-32.2 s incl. polling"

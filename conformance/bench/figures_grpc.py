@@ -10,13 +10,13 @@ import signal
 import time
 from collections.abc import Callable
 
-from conformance.bench.figures_host import RssSampler
-from conformance.bench.harness import Bench, floor_server
-from conformance.bench.procfs import Span
-from conformance.bench.report import SEED_REREGISTRATION_S, Figure, Target, figure
-from conformance.bench.streams import Stream, close_streams, open_streams
-from conformance.bench.waits import Plan, poll_until, within
-from conformance.kubelet import RegistrationRecord
+from hvconform.bench.figures_host import RssSampler
+from hvconform.bench.harness import Bench, floor_server
+from hvconform.bench.procfs import Span
+from hvconform.bench.report import SEED_REREGISTRATION_S, Figure, Target, figure
+from hvconform.bench.streams import Stream, close_streams, open_streams
+from hvconform.bench.waits import Plan, poll_until, within
+from hvconform.kubelet import RegistrationRecord
 
 REREGISTER_S = 30.0
 PROPAGATE_S = 10.0
@@ -190,7 +190,7 @@ def _health_figures(
         figure(
             f"health.floor.{count}",
             f"Floor: shared snapshot -> all {count} stream(s)",
-            f"{streams}, on the floor server (conformance.bench.floor), right after each plugin "
+            f"{streams}, on the floor server (hvconform.bench.floor), right after each plugin "
             "sample; from just before SIGUSR1 (flip health, build ONE snapshot shared by every "
             "stream) to the last stream's receipt of it: the broadcast cost of grpc.aio, the "
             "harness and this machine alone.",

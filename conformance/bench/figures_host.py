@@ -18,10 +18,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from conformance.bench import procfs
-from conformance.bench.harness import Bench, floor_server
-from conformance.bench.report import Figure, Target, figure
-from conformance.bench.waits import BenchTimeout, Plan
+from hvconform.bench import procfs
+from hvconform.bench.harness import Bench, floor_server
+from hvconform.bench.report import Figure, Target, figure
+from hvconform.bench.waits import BenchTimeout, Plan
 
 RSS_EVERY_S = 0.1
 IDLE_SETTLE_S = 3.0  # after the previous phase: let late callbacks and log flushes finish
@@ -306,7 +306,7 @@ def suite_wall_time(plan: Plan, log_dir: Path) -> list[Figure]:
 def _run_suite(extra: list[str], timeout_s: float, log: Path) -> tuple[float, int, str]:
     tmp = Path(tempfile.mkdtemp(prefix="hvb-suite-", dir="/tmp"))
     try:
-        argv = [sys.executable, "-m", "conformance.cli", "run", "--out", str(tmp / "run")]
+        argv = [sys.executable, "-m", "hvconform.cli", "run", "--out", str(tmp / "run")]
         argv += ["--reports-root", str(tmp), *extra]
         started = time.monotonic()
         with log.open("wb") as out:

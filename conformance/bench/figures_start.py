@@ -17,14 +17,14 @@ import time
 
 import grpc
 
-from conformance.bench.harness import Bench
-from conformance.bench.procfs import Span
-from conformance.bench.report import Figure, Target, figure
-from conformance.bench.streams import close_streams, open_streams
-from conformance.bench.waits import Plan, poll_until, within
-from conformance.kubelet import RegistrationRecord
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from hvconform.bench.harness import Bench
+from hvconform.bench.procfs import Span
+from hvconform.bench.report import Figure, Target, figure
+from hvconform.bench.streams import close_streams, open_streams
+from hvconform.bench.waits import Plan, poll_until, within
+from hvconform.kubelet import RegistrationRecord
 
 START_S = 30.0
 REFUSE_S = 10.0

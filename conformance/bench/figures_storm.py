@@ -22,12 +22,12 @@ from typing import Any
 
 import grpc
 
-from conformance.bench.harness import Bench
-from conformance.bench.procfs import Span
-from conformance.bench.report import SEED_ALLOCATION_REPAIR_S, SEED_READS, Figure, Target, figure
-from conformance.bench.waits import Plan, poll_until, within
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from hvconform.bench.harness import Bench
+from hvconform.bench.procfs import Span
+from hvconform.bench.report import SEED_ALLOCATION_REPAIR_S, SEED_READS, Figure, Target, figure
+from hvconform.bench.waits import Plan, poll_until, within
 
 STEP_S = 10.0
 DESIRED = 1  # index of the desired content among the reader's accepted contents
@@ -47,7 +47,7 @@ async def read_storm(bench: Bench, plan: Plan) -> list[Figure]:
     (work / "desired").write_bytes(bench.desired)
     ready, done, out = work / "ready", work / "done", work / "reads.json"
     proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "conformance.readstorm", str(bench.spec_path)),
+        *(sys.executable, "-m", "hvconform.readstorm", str(bench.spec_path)),
         *("--accept", str(work / "stale"), "--accept", str(work / "desired")),
         *("--out", str(out), "--ready", str(ready), "--done", str(done)),
         *("--min-reads", str(plan.storm_min_reads)),

@@ -1,4 +1,4 @@
-"""The floor: `python -m conformance.bench.floor SOCKET [--slots N]`, a plugin that does nothing.
+"""The floor: `python -m hvconform.bench.floor SOCKET [--slots N]`, a plugin that does nothing.
 
 A grpc.aio server with the plugin's Allocate and ListAndWatch wire shapes and no plugin work:
 Allocate answers a constant at once; ListAndWatch streams one snapshot built once per change and
@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.api.wire import HEALTHY, UNHEALTHY
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api.wire import HEALTHY, UNHEALTHY
 
 SERVICE = "v1beta1.DevicePlugin"
 DRAIN_S = 2.0
@@ -115,7 +115,7 @@ async def serve(socket: str, slots: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="conformance.bench.floor", description=__doc__)
+    parser = argparse.ArgumentParser(prog="hvconform.bench.floor", description=__doc__)
     parser.add_argument("socket")
     parser.add_argument("--slots", type=int, default=2000)
     ns = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """The bench node: a plugin started from its profile, registered with the real kubelet emulator.
 
-Any plugin runs the way the suite's local target runs it (conformance.targets.local): its
+Any plugin runs the way the suite's local target runs it (hvconform.targets.local): its
 profile's command as is, in a sandbox (own mount and network namespaces, no capabilities), with
 the node's directories bound at the paths its profile names. A per-run short /tmp root holds the
 kubelet plugin dir, a tmpfs with the CDI dir and a staging dir (an injected file arrives by one
@@ -29,16 +29,16 @@ from pathlib import Path
 
 import grpc
 
-from conformance.bench import procfs
-from conformance.bench.waits import BenchTimeout, poll_until, wait_until, within
-from conformance.contract.ledger import Ledger, process_ident, read_entries, survivors
-from conformance.contract.plugin import PluginUnderTest, resolve
-from conformance.kubelet import LoopThread, ThreadedKubeletEmulator
-from conformance.targets.local.netns import NetNamespace, free_index
-from conformance.targets.local.observe import Observer
-from conformance.targets.local.sandbox import PluginSandbox
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from hvconform.bench import procfs
+from hvconform.bench.waits import BenchTimeout, poll_until, wait_until, within
+from hvconform.contract.ledger import Ledger, process_ident, read_entries, survivors
+from hvconform.contract.plugin import PluginUnderTest, resolve
+from hvconform.kubelet import LoopThread, ThreadedKubeletEmulator
+from hvconform.targets.local.netns import NetNamespace, free_index
+from hvconform.targets.local.observe import Observer
+from hvconform.targets.local.sandbox import PluginSandbox
 
 SETUP_S = 60.0
 STOP_S = 15.0
@@ -385,10 +385,10 @@ def _run(*argv: str) -> None:
 
 @contextlib.asynccontextmanager
 async def floor_server(bench: Bench) -> AsyncIterator[tuple[Path, int]]:
-    """The do-nothing plugin (conformance.bench.floor) on a socket in the node: (path, pid)."""
+    """The do-nothing plugin (hvconform.bench.floor) on a socket in the node: (path, pid)."""
     path = bench.root / "floor.sock"
     proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "conformance.bench.floor", str(path), "--slots", str(bench.slots))
+        *(sys.executable, "-m", "hvconform.bench.floor", str(path), "--slots", str(bench.slots))
     )
     bench.track(proc.pid, "floor server")
     try:

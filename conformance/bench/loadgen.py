@@ -1,4 +1,4 @@
-"""Allocate load generator: `python -m conformance.bench.loadgen SOCKET --concurrency C ...`.
+"""Allocate load generator: `python -m hvconform.bench.loadgen SOCKET --concurrency C ...`.
 
 A separate process on purpose: the harness's own GIL (kubelet emulator thread, event loop) must
 not be part of the measured latency. One grpc.aio channel, as the kubelet holds one connection;
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import grpc
 
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
 
 CONNECT_S = 10.0
 CALL_S = 10.0
@@ -84,7 +84,7 @@ async def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="conformance.bench.loadgen", description=__doc__)
+    parser = argparse.ArgumentParser(prog="hvconform.bench.loadgen", description=__doc__)
     parser.add_argument("socket")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--requests", type=int, default=1000)

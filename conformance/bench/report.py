@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from conformance.contract import strict_json
-from conformance.contract.safewrite import write_atomic
+from hvconform.contract import strict_json
+from hvconform.contract.safewrite import write_atomic
 
 SCHEMA = "hvconform-bench/1"
 REGRESSION = 0.20  # a figure more than 20 % worse than the old run is flagged

@@ -12,17 +12,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.bench import procfs
-from conformance.bench.figures_alloc import allocate_load
-from conformance.bench.figures_cdi import cdi_recovery
-from conformance.bench.figures_grpc import health_propagation, reregistration
-from conformance.bench.figures_host import RssSampler, idle_footprint, memory_figures
-from conformance.bench.figures_start import refusal, startup
-from conformance.bench.figures_storm import read_storm
-from conformance.bench.harness import Bench
-from conformance.bench.report import Figure
-from conformance.bench.versus import merge, share
-from conformance.bench.waits import Plan
+from hvconform.bench import procfs
+from hvconform.bench.figures_alloc import allocate_load
+from hvconform.bench.figures_cdi import cdi_recovery
+from hvconform.bench.figures_grpc import health_propagation, reregistration
+from hvconform.bench.figures_host import RssSampler, idle_footprint, memory_figures
+from hvconform.bench.figures_start import refusal, startup
+from hvconform.bench.figures_storm import read_storm
+from hvconform.bench.harness import Bench
+from hvconform.bench.report import Figure
+from hvconform.bench.versus import merge, share
+from hvconform.bench.waits import Plan
 
 FRESH_S = 3.0
 

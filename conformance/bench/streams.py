@@ -10,10 +10,10 @@ from pathlib import Path
 
 import grpc
 
-from conformance.bench.waits import BenchTimeout, within
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.api import deviceplugin_pb2_grpc as pb_grpc
-from plugin.api.wire import HEALTHY
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from hv_device_plugin.api.wire import HEALTHY
+from hvconform.bench.waits import BenchTimeout, within
 
 CONNECT_S = 10.0
 

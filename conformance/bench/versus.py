@@ -15,8 +15,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from conformance.bench.report import Figure, figure
-from conformance.bench.waits import Plan
+from hvconform.bench.report import Figure, figure
+from hvconform.bench.waits import Plan
 
 EQUAL = 0.05  # medians within 5 % of each other: equal
 # CPU time is counted in clock ticks (10 ms): over a 30 s idle round, 0.03 % of a core; a

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from conformance.contract.wait import WaitExpired, wait_for
+from hvconform.contract.wait import WaitExpired, wait_for
 
 T = TypeVar("T")
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from conformance.contract.strict_json import one_line
+from hvconform.contract.strict_json import one_line
 
 EXIT_BAD_INPUT = 2
 

@@ -12,8 +12,8 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
-from conformance.contract.node import Area, FileInfo
-from conformance.contract.results import NotApplicable
+from hvconform.contract.node import Area, FileInfo
+from hvconform.contract.results import NotApplicable
 
 DEVICE = "kvm"  # the hypervisor node's name in a host-device view
 
@@ -65,7 +65,7 @@ def discover_spec(node: Any, cdi_devices: Sequence[str]) -> str:
 
 
 class NodeBase:
-    """Mixin for Node implementations; see conformance.contract.node.Node for the contract."""
+    """Mixin for Node implementations; see hvconform.contract.node.Node for the contract."""
 
     name: str
     _device_info: FileInfo | None = None

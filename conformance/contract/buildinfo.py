@@ -1,6 +1,6 @@
 """What an image of the suite was built from: the source commit and each pinned tool's version.
 
-The suite's image (conformance.targets.kindnode.suite_image, images/suite/Dockerfile) carries a
+The suite's image (hvconform.targets.kindnode.suite_image, images/suite/Dockerfile) carries a
 JSON file of this shape and names it in HVCONFORM_BUILD_INFO; `hvconform --version` prints it.
 Outside such an image there is no file: the version is the installed package's and the commit
 the checkout's, as best known.

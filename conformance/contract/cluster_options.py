@@ -4,7 +4,7 @@ They live in the contract because the run context carries them from the CLI to t
 family typed; the cluster family (targets/cluster) is their only reader besides the CLI. What
 holds for every cluster is checked here (`validate`); what one target requires (AKS's resource
 group, an existing cluster's kubeconfig and nodes, kind's one hypervisor) is that target's own
-rule, applied with these by the registry (conformance.targets.cluster_options): nothing here
+rule, applied with these by the registry (hvconform.targets.cluster_options): nothing here
 names a target.
 """
 
@@ -14,8 +14,8 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from conformance.contract import imageref
-from conformance.contract.datafiles import data_root
+from hvconform.contract import imageref
+from hvconform.contract.datafiles import data_root
 
 HYPERVISORS = ("kvm", "mshv")
 NODE_ACCESS = ("pod", "direct")

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from conformance.contract import imageref
-from conformance.contract.errors import ProfileError
-from conformance.contract.profile_rules import known_keys
-from conformance.contract.safeyaml import excerpt
+from hvconform.contract import imageref
+from hvconform.contract.errors import ProfileError
+from hvconform.contract.profile_rules import known_keys
+from hvconform.contract.safeyaml import excerpt
 
 _DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_KEY = re.compile(
@@ -53,7 +53,7 @@ MAX_FILES = 32
 
 # Kinds whose objects have no namespace: the fallback for a plan made before any cluster exists
 # (kind, AKS); a real run asks the cluster's discovery and refuses an object whose scope there
-# differs from this table's (conformance.targets.cluster.deploy).
+# differs from this table's (hvconform.targets.cluster.deploy).
 CLUSTER_SCOPED = frozenset(
     {
         "Namespace", "Node", "PersistentVolume", "ComponentStatus",
@@ -150,7 +150,7 @@ class Deploy:
 
 
 def image_problem(image: str) -> str | None:
-    """Why `image` cannot be deployed reproducibly, or None: a reference (conformance.contract.
+    """Why `image` cannot be deployed reproducibly, or None: a reference (hvconform.contract.
     imageref) pinned by a tag other than latest, or a digest (kind never re-pulls a mutable
     tag, and a node would pull another image)."""
     return imageref.problem(image, pinned=True)

@@ -2,7 +2,7 @@
 
 A target that runs a DRA driver declares CAP_DRA and implements this on top of the Node
 contract; checks of the device plugin API end not_applicable there, DRA checks everywhere else
-(conformance.scenarios: each check names the API it judges). The catalogue's own observations
+(hvconform.scenarios: each check names the API it judges). The catalogue's own observations
 keep their meaning: capacity() is the number of devices the driver publishes for the node in
 its ResourceSlices, allocatable() the number of those without a NoSchedule or NoExecute taint,
 allocate() a pod asking for the DeviceClass's extended resource, scheduled (the scheduler
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from conformance.contract.dra_profile import API_DEVICE_PLUGIN, API_DRA
-from conformance.contract.node import (
+from hvconform.contract.dra_profile import API_DEVICE_PLUGIN, API_DRA
+from hvconform.contract.node import (
     CAP_DEVICE_LATE,
     CAP_NODE_REBOOT,
     CAP_POD_DEVICE_HEALTH,

@@ -40,10 +40,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.errors import ProfileError
-from conformance.contract.profile_rules import abs_dir, known_keys, resource_name, text
-from conformance.contract.safeyaml import UnsafeInput, excerpt, load_strict
-from plugin.api.dra_wire import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
+from hv_device_plugin.api.dra_wire import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
+from hvconform.contract.errors import ProfileError
+from hvconform.contract.profile_rules import abs_dir, known_keys, resource_name, text
+from hvconform.contract.safeyaml import UnsafeInput, excerpt, load_strict
 
 API_DEVICE_PLUGIN = "deviceplugin"
 API_DRA = "dra"

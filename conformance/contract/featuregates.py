@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.results import FEATURE_GATES_FILE
-from conformance.contract.safewrite import write_atomic
+from hvconform.contract.results import FEATURE_GATES_FILE
+from hvconform.contract.safewrite import write_atomic
 
 # The gates that decide what DRA and device health can do on a node: the names they start with.
 GATES_REPORTED = ("DRA", "DynamicResourceAllocation", "ResourceHealthStatus", "KubeletPodResources")

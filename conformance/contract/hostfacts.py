@@ -14,7 +14,7 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from conformance.contract.preconditions import Found, Requirement, tool
+from hvconform.contract.preconditions import Found, Requirement, tool
 
 KVM_GET_API_VERSION = 0xAE00  # _IO(KVMIO, 0x00)
 KVM_API_VERSION = 12  # the only one Linux has ever shipped

@@ -17,8 +17,8 @@ import os
 import stat
 from pathlib import Path
 
-from conformance.contract import strict_json
-from conformance.contract.safewrite import write_atomic
+from hvconform.contract import strict_json
+from hvconform.contract.safewrite import write_atomic
 
 NAME = "manifest.json"
 SCHEMA = "hvconform-manifest/1"

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from conformance.contract.ran import PluginRan
-from conformance.contract.results import NotApplicable
+from hvconform.contract.ran import PluginRan
+from hvconform.contract.results import NotApplicable
 
 Area = Literal["cdi", "host_dev"]
 
@@ -189,7 +189,7 @@ class Node(Protocol):
     def start_read_storm(self, area: Area, name: str, accepted: list[bytes]) -> ReadStorm: ...
     def host_device_metadata(self) -> dict[str, int | str]: ...
 
-    # faults and isolation built on the above (conformance.contract.base has the defaults)
+    # faults and isolation built on the above (hvconform.contract.base has the defaults)
     def set_device_present(self, present: bool) -> None: ...
     def start_plugin_isolated(self) -> None: ...
     def restore_plugin_sockets(self) -> None: ...

@@ -1,6 +1,6 @@
 """The node-init convention: how a node whose kubelet is not a systemd unit is driven.
 
-A node made by `node-up --nodes N` (conformance.targets.realnode.nodes) has an init of its own as
+A node made by `node-up --nodes N` (hvconform.targets.realnode.nodes) has an init of its own as
 PID 1 of its PID namespace, and publishes inside the node, in SELF:
 
     kubelet.pid   the kubelet's PID as seen inside the node
@@ -11,7 +11,7 @@ PID 1 of its PID namespace, and publishes inside the node, in SELF:
                   `systemctl stop kubelet`; removing it is `systemctl start kubelet`)
 
 and restarts its kubelet gracefully on SIGHUP to PID 1 (a SIGKILL to the kubelet is a crash: the
-init starts it again, as systemd's Restart=always does). Node access (conformance.targets.cluster)
+init starts it again, as systemd's Restart=always does). Node access (hvconform.targets.cluster)
 uses these where present and systemd/journald otherwise, so the same scripts serve kind, AKS and
 the nodes of this machine. Defined once here, where both families meet.
 """

@@ -19,20 +19,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from conformance.contract.datafiles import data_root
-from conformance.contract.deploy import Deploy, parse_deploy
-from conformance.contract.dra_profile import (
+from hv_device_plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
+from hvconform.contract.datafiles import data_root
+from hvconform.contract.deploy import Deploy, parse_deploy
+from hvconform.contract.dra_profile import (
     API_DEVICE_PLUGIN,
     API_DRA,
     DRA_PLACEHOLDERS,
     DraDriver,
     parse_dra,
 )
-from conformance.contract.errors import ProfileError as ProfileError
-from conformance.contract.profile_rules import HYPERVISOR_DEVICES as HYPERVISOR_DEVICES
-from conformance.contract.profile_rules import PROBE_TYPES as PROBE_TYPES
-from conformance.contract.profile_rules import ProbeType as ProbeType
-from conformance.contract.profile_rules import (
+from hvconform.contract.errors import ProfileError as ProfileError
+from hvconform.contract.profile_rules import HYPERVISOR_DEVICES as HYPERVISOR_DEVICES
+from hvconform.contract.profile_rules import PROBE_TYPES as PROBE_TYPES
+from hvconform.contract.profile_rules import ProbeType as ProbeType
+from hvconform.contract.profile_rules import (
     abs_dir,
     argv,
     check_dirs,
@@ -43,8 +44,7 @@ from conformance.contract.profile_rules import (
     resource_name,
     text,
 )
-from conformance.contract.safeyaml import UnsafeInput, excerpt, load_strict, read_bounded
-from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
+from hvconform.contract.safeyaml import UnsafeInput, excerpt, load_strict, read_bounded
 
 # This repository's plugin's profiles: in the checkout's conformance/profiles, or the wheel's copy
 # beside the chart their `deploy.chart.path` names (datafiles: the same relative path in both).
@@ -246,7 +246,8 @@ def from_plugin_cmd(cmd: str) -> PluginUnderTest:
     if not base:
         raise ProfileError("--plugin-cmd is empty")
     shipped = load_profile(SHIPPED)
-    flags = shipped.command[shipped.command.index("plugin") + 1 :]  # after `{python} -m plugin`
+    # after `{python} -m hv_device_plugin`
+    flags = shipped.command[shipped.command.index("hv_device_plugin") + 1 :]
     return replace(
         shipped,
         name=PurePosixPath(base[0]).name if len(base) == 1 else shlex.join(base[:3]),
@@ -353,7 +354,7 @@ def resolve(plugin_profile: str = "", plugin_cmd: str = "") -> PluginUnderTest:
 
     The shipped profiles are loaded too, whatever the run's: every run's results compare the
     plugin with them (is it this repository's?), so a suite installed without its data (the
-    chart, the profiles: conformance.contract.datafiles) stops here, before anything runs, with
+    chart, the profiles: hvconform.contract.datafiles) stops here, before anything runs, with
     one line, never with a traceback from inside the run."""
     if plugin_profile and plugin_cmd:
         raise ProfileError("--plugin-profile and --plugin-cmd are exclusive: give one")

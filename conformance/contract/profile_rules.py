@@ -1,6 +1,6 @@
 """The rules a plugin profile's values must meet, each refusing with one line (ProfileError).
 
-Kept apart from the profile's dataclasses (conformance.contract.plugin) so each rule is written
+Kept apart from the profile's dataclasses (hvconform.contract.plugin) so each rule is written
 once and tested alone. What they refuse, and why:
 - directories: absolute and normalised (no `..`, no trailing or doubled slash: `//dev` is
   `/dev`), distinct and not nested in one another, never `/` nor under /dev (it would hide the
@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from conformance.contract.errors import ProfileError
-from conformance.contract.safeyaml import excerpt
+from hvconform.contract.errors import ProfileError
+from hvconform.contract.safeyaml import excerpt
 
 ProbeType = Literal["http", "grpc-health", "exec", "none"]
 PROBE_TYPES: tuple[str, ...] = ("http", "grpc-health", "exec", "none")

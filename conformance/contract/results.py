@@ -10,8 +10,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
 
-from conformance.contract.safewrite import write_atomic
-from conformance.contract.wait import WaitExpired
+from hvconform.contract import datafiles
+from hvconform.contract.safewrite import write_atomic
+from hvconform.contract.wait import WaitExpired
 
 # results.schema.json; README "Reports" says what changed. 1.2 added optional per-check fields
 # (started_s, failure, wait, requirement_level, requirement_source); 1.3 gives every timeline
@@ -100,7 +101,7 @@ class CheckRecord:
     started_s: float | None = None  # when it started, seconds after the run started
     failure: str = ""  # a failed check: "wait", "assertion" or "error" (the check broke)
     wait: dict[str, Any] | None = None  # the expired wait's typed fields (wait.WaitFacts)
-    requirement_level: str = ""  # "MUST" or "SHOULD" (conformance.scenarios)
+    requirement_level: str = ""  # "MUST" or "SHOULD" (hvconform.scenarios)
     requirement_source: str = ""  # the kubelet code path or the seed sentence behind it
 
     def to_json(self) -> dict[str, Any]:
@@ -166,7 +167,7 @@ class Recorder:
 
 
 def load_schema() -> dict[str, Any]:
-    text = resources.files("conformance").joinpath("results.schema.json").read_text()
+    text = resources.files(datafiles.import_name()).joinpath("results.schema.json").read_text()
     data: dict[str, Any] = json.loads(text)
     return data
 

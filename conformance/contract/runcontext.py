@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from conformance.contract import settings as run_settings
-from conformance.contract.cluster_options import ClusterOptions
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.safewrite import write_atomic
+from hvconform.contract import settings as run_settings
+from hvconform.contract.cluster_options import ClusterOptions
+from hvconform.contract.plugin import PluginUnderTest
+from hvconform.contract.safewrite import write_atomic
 
 FILE_NAME = "run-context.json"
 # How a pytest worker finds the context its controller was given (xdist starts workers with the

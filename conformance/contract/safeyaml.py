@@ -29,7 +29,7 @@ from typing import Any, Final
 
 import yaml
 
-from conformance.contract.strict_json import MAX_DEPTH, MAX_INT_DIGITS
+from hvconform.contract.strict_json import MAX_DEPTH, MAX_INT_DIGITS
 
 try:  # libyaml's parser; the pure-Python one where PyYAML was built without it
     from yaml import CSafeLoader as _Parsing

@@ -16,7 +16,7 @@ file and the problem, never with a traceback:
   recurse out of the stack; a caller may also cap how many values a document holds
   (`max_values`), so the work after the load is bounded by more than its bytes.
 
-These limits are the ones conformance.contract.safeyaml applies to YAML (it imports them).
+These limits are the ones hvconform.contract.safeyaml applies to YAML (it imports them).
 """
 
 from __future__ import annotations

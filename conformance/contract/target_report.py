@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.safewrite import write_atomic
+from hvconform.contract.safewrite import write_atomic
 
 _RUNNING: list[str] = []  # the check whose scenario or restore runs now, in this worker
 

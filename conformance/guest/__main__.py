@@ -9,15 +9,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from conformance.guest.cdi_resolve import (
+from hvconform.guest.cdi_resolve import (
     DEFAULT_SPEC_DIRS,
     CDIRegistry,
     ResolvedDevice,
     UnresolvableCDIDevice,
     parse_qualified_name,
 )
-from conformance.guest.kvm_guest import OUT_PORT, run_counter, run_guest
-from conformance.guest.privileges import NOBODY, PrivilegeError, drop_privileges
+from hvconform.guest.kvm_guest import OUT_PORT, run_counter, run_guest
+from hvconform.guest.privileges import NOBODY, PrivilegeError, drop_privileges
 
 EXIT_OK, EXIT_GUEST_FAILED, EXIT_USAGE, EXIT_SETUP = 0, 1, 2, 3
 
@@ -31,11 +31,11 @@ the guest wrote equals the expected one.
 
 examples:
   # inside a pod that got the device through CDI (spec dirs: {" then ".join(DEFAULT_SPEC_DIRS)})
-  python -m conformance.guest run --cdi-device hyperlight.dev/hypervisor=kvm --json
+  python -m hvconform.guest run --cdi-device hyperlight.dev/hypervisor=kvm --json
   # directly against a node, five runs, as uid/gid {NOBODY} with no capabilities
-  python -m conformance.guest run --device /dev/kvm --runs 5 --drop-privileges
+  python -m hvconform.guest run --device /dev/kvm --runs 5 --drop-privileges
   # long-running: one VM, a guest-held counter written to a state file until SIGTERM
-  python -m conformance.guest counter --device /dev/kvm --state-file /tmp/counter.json
+  python -m hvconform.guest counter --device /dev/kvm --state-file /tmp/counter.json
 """
 
 
@@ -71,7 +71,7 @@ def _cdi_name(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for both subcommands."""
     parser = argparse.ArgumentParser(
-        prog="python -m conformance.guest",
+        prog="python -m hvconform.guest",
         description="Run a real guest through KVM ioctls to prove a hypervisor device works.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

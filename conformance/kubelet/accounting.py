@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.api.wire import HEALTHY
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api.wire import HEALTHY
 
 
 class EventKind(enum.StrEnum):

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api import deviceplugin_pb2 as pb
 
 from .accounting import Accounting, AllocationRecord, EventKind
 from .client import EndpointError, PluginEndpoint

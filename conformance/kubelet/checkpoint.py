@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api import deviceplugin_pb2 as pb
 
 from .accounting import AllocationRecord
 

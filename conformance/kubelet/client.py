@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
 
 from .accounting import PluginOptions
 from .validation import rpc_error_text

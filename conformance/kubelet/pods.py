@@ -29,8 +29,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.api.wire import HEALTHY, UNHEALTHY
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api.wire import HEALTHY, UNHEALTHY
 
 from .accounting import Accounting, AllocationRecord, EventKind
 from .admission import (

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import grpc
 
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
 
 from .validation import CHECKPOINT_NAME, KUBELET_SOCKET_NAME
 

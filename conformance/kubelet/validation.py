@@ -11,7 +11,7 @@ import re
 
 import grpc
 
-from plugin.api.wire import API_VERSION, KUBELET_SOCKET
+from hv_device_plugin.api.wire import API_VERSION, KUBELET_SOCKET
 
 SUPPORTED_VERSION = API_VERSION
 # The kubelet formats its SupportedVersions array (`[...]string{"v1beta1"}`) with %q, which

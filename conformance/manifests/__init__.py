@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from conformance.manifests.policy import RULES, Violation, check_policy
-from conformance.manifests.render import (
+from hvconform.manifests.policy import RULES, Violation, check_policy
+from hvconform.manifests.render import (
     DEFAULT_NAMESPACE,
     DEFAULT_POOL_TAINT,
     TARGETS,

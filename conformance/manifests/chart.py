@@ -34,10 +34,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Final
 
-from conformance.contract import settings
-from conformance.contract.datafiles import data_root
-from conformance.contract.preconditions import Found, Requirement, ask
-from conformance.contract.safeyaml import (
+from hvconform.contract import settings
+from hvconform.contract.datafiles import data_root
+from hvconform.contract.preconditions import Found, Requirement, ask
+from hvconform.contract.safeyaml import (
     MAX_FILE_BYTES,
     MAX_RUN_BYTES,
     Budget,
@@ -65,7 +65,7 @@ class ChartError(RuntimeError):
 
 def chart_dir() -> Path:
     """charts/hv-device-plugin as the package ships it (the wheel's copy, or the checkout's:
-    conformance.contract.datafiles), or HV_CHART."""
+    hvconform.contract.datafiles), or HV_CHART."""
     override = settings.current().chart
     path = Path(override) if override else data_root() / "charts" / CHART_NAME
     if not (path / "Chart.yaml").is_file():

@@ -6,8 +6,8 @@ import argparse
 import os
 import sys
 
-from conformance.manifests.policy import check_policy
-from conformance.manifests.render import (
+from hvconform.manifests.policy import check_policy
+from hvconform.manifests.render import (
     CDI_DIR,
     DEFAULT_NAMESPACE,
     DEFAULT_POOL_TAINT,

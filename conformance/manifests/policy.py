@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from conformance.manifests.render import CDI_DIR, PLUGIN_DIR, ManifestError, check_image
+from hvconform.manifests.render import CDI_DIR, PLUGIN_DIR, ManifestError, check_image
 
 HOST_DEV: Final = "/dev"
 ALLOWED_HOST_PATHS: Final = frozenset({PLUGIN_DIR, CDI_DIR, HOST_DEV})  # the standard ones

@@ -18,23 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.deploy import CLUSTER_SCOPED, Deploy
-from conformance.contract.results import EnvironmentBlocked
-from conformance.contract.safeyaml import (
+from hvconform.contract.deploy import CLUSTER_SCOPED, Deploy
+from hvconform.contract.results import EnvironmentBlocked
+from hvconform.contract.safeyaml import (
     MAX_FILE_BYTES,
     Budget,
     UnsafeInput,
     excerpt,
     read_bounded,
 )
-from conformance.manifests.chart import (
+from hvconform.manifests.chart import (
     ChartError,
     HelmMissing,
     ObjectError,
     load_objects,
     template,
 )
-from conformance.manifests.render import ManifestError
+from hvconform.manifests.render import ManifestError
 
 Obj = dict[str, Any]
 

@@ -13,16 +13,16 @@ import functools
 import re
 from typing import Any, Final
 
-from conformance.contract import imageref
-from conformance.manifests.chart import (
+from hv_device_plugin.api.names import HYPERVISOR_RESOURCE, default_plugin_image
+from hv_device_plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
+from hvconform.contract import imageref
+from hvconform.manifests.chart import (
     ChartError,
     ObjectError,
     load_objects,
     target_values,
     template,
 )
-from plugin.api.names import HYPERVISOR_RESOURCE, default_plugin_image
-from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
 
 DEFAULT_NAMESPACE: Final = "hyperlight-system"
 DEFAULT_POOL_TAINT: Final = "hyperlight.dev/conformance"
@@ -53,7 +53,7 @@ def default_image() -> str:
 
 def _pinned(image: str) -> imageref.ImageRef:
     """The parts of a reference pinned by a tag other than latest or a digest
-    (conformance.contract.imageref, the suite's one definition); ManifestError otherwise."""
+    (hvconform.contract.imageref, the suite's one definition); ManifestError otherwise."""
     try:
         return imageref.parse(image, pinned=True)
     except imageref.ImageRefError as exc:
@@ -143,7 +143,7 @@ def render_objects(
     cdi_dir: str = CDI_DIR,
 ) -> list[dict[str, Any]]:
     """The rendered manifests parsed into one dict per Kubernetes object, in apply order: read
-    as a profile's manifests are (conformance.manifests.chart.load_objects: the strict loader,
+    as a profile's manifests are (hvconform.manifests.chart.load_objects: the strict loader,
     one run's caps, a valid name on every object); ManifestError (one line) otherwise."""
     text = render_manifests(
         target,

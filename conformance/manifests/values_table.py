@@ -1,6 +1,6 @@
 """The Markdown table of the chart's values, generated from its values.schema.json.
 
-`python -m conformance.manifests.values_table` prints it; README.md and the chart's README.md
+`python -m hvconform.manifests.values_table` prints it; README.md and the chart's README.md
 carry it, and tests/chart checks that both match the schema.
 """
 
@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from conformance.manifests.chart import chart_dir
+from hvconform.manifests.chart import chart_dir
 
 
 def value_leaves(
@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the table; no arguments."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args:
-        print("usage: python -m conformance.manifests.values_table", file=sys.stderr)
+        print("usage: python -m hvconform.manifests.values_table", file=sys.stderr)
         return 2
     sys.stdout.write(values_table())
     return 0

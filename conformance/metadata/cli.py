@@ -10,10 +10,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from conformance.contract.args import OneLineParser
-from conformance.contract.safewrite import write_atomic
-from conformance.contract.strict_json import JsonInputError, decode, one_line
-from conformance.metadata.rules import (
+from hvconform.contract.args import OneLineParser
+from hvconform.contract.safewrite import write_atomic
+from hvconform.contract.strict_json import JsonInputError, decode, one_line
+from hvconform.metadata.rules import (
     SNAPSHOT_MAX_BYTES,
     MetadataInputError,
     Verdict,

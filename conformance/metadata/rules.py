@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from conformance.contract import strict_json
+from hvconform.contract import strict_json
 
 SCHEMA = "hvconform.device-metadata"
 VERSION = 1

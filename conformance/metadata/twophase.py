@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.metadata.rules import (
+from hvconform.metadata.rules import (
     MetadataInputError,
     Snapshot,
     Verdict,

@@ -12,12 +12,12 @@ import os
 import sys
 from pathlib import Path
 
-from conformance.contract.args import EXIT_BAD_INPUT
-from conformance.contract.errors import ProfileError
-from conformance.contract.plugin import load_profile, parse_profile
-from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
-from conformance.contract.safewrite import write_atomic
-from conformance.contract.safeyaml import (
+from hvconform.contract.args import EXIT_BAD_INPUT
+from hvconform.contract.errors import ProfileError
+from hvconform.contract.plugin import load_profile, parse_profile
+from hvconform.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
+from hvconform.contract.safewrite import write_atomic
+from hvconform.contract.safeyaml import (
     MAX_FILE_BYTES,
     Budget,
     UnsafeInput,
@@ -25,9 +25,9 @@ from conformance.contract.safeyaml import (
     load_strict,
     read_bounded,
 )
-from conformance.contract.strict_json import one_line
-from conformance.profile_tool.daemonset import StarterError, facts
-from conformance.profile_tool.writer import Source, render
+from hvconform.contract.strict_json import one_line
+from hvconform.profile_tool.daemonset import StarterError, facts
+from hvconform.profile_tool.writer import Source, render
 
 # The namespace a chart is rendered into to read it (a run renders it into its own).
 RENDER_NAMESPACE = "hvconform"
@@ -92,7 +92,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _objects(ns: argparse.Namespace) -> tuple[list[dict[str, object]], str, Path]:
     """The objects the user named, where they came from (for messages), and that path."""
-    from conformance.manifests.chart import ObjectError, load_objects, template
+    from hvconform.manifests.chart import ObjectError, load_objects, template
 
     if ns.from_manifest:
         path = Path(ns.from_manifest)
@@ -144,7 +144,7 @@ def _init(ns: argparse.Namespace) -> tuple[str, Path | None]:
 
 
 def cmd_init(ns: argparse.Namespace) -> int:
-    from conformance.manifests.chart import ChartError, HelmMissing
+    from hvconform.manifests.chart import ChartError, HelmMissing
 
     try:
         text, out = _init(ns)
@@ -164,7 +164,7 @@ def cmd_init(ns: argparse.Namespace) -> int:
 
 
 def cmd_check(ns: argparse.Namespace) -> int:
-    from conformance.profile_tool.explain import describe  # the targets' modules: only here
+    from hvconform.profile_tool.explain import describe  # the targets' modules: only here
 
     try:
         plugin = load_profile(ns.profile)

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.contract import imageref
-from conformance.contract.profile_rules import HYPERVISOR_DEVICES
-from conformance.contract.safeyaml import excerpt
-from plugin.api.wire import CDI_DYNAMIC_DIR, CDI_STATIC_DIR, DEVICE_PLUGIN_DIR
+from hv_device_plugin.api.wire import CDI_DYNAMIC_DIR, CDI_STATIC_DIR, DEVICE_PLUGIN_DIR
+from hvconform.contract import imageref
+from hvconform.contract.profile_rules import HYPERVISOR_DEVICES
+from hvconform.contract.safeyaml import excerpt
 
 Obj = dict[str, Any]
 # The host directories CDI specs are read from: containerd's and CRI-O's dynamic and static dirs.

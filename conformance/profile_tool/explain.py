@@ -1,7 +1,7 @@
 """What each target would do with a loaded profile: `hvconform profile check`'s lines.
 
 Nothing here decides anew what a target accepts: refusals come from the targets' own rules
-(conformance.targets.honour.refusal), the container runtime's plugin container from its own
+(hvconform.targets.honour.refusal), the container runtime's plugin container from its own
 reading (container_spec), a cluster target's objects, gate and pod layout from the functions
 its run calls (render_objects, prepare), all pure (they render, they create nothing). What is
 described in words (how health is observed) is what those targets' modules document.
@@ -12,15 +12,15 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 
-from conformance.contract.cluster_options import ClusterOptions
-from conformance.contract.errors import Unhonoured
-from conformance.contract.plugin import PluginUnderTest, Probe
-from conformance.contract.results import EnvironmentBlocked
-from conformance.contract.strict_json import one_line
-from conformance.manifests.render import ManifestError
-from conformance.targets import TARGETS
-from conformance.targets.honour import refusal
-from conformance.targets.local.liveness import FAILURE_THRESHOLD, PERIOD_S
+from hvconform.contract.cluster_options import ClusterOptions
+from hvconform.contract.errors import Unhonoured
+from hvconform.contract.plugin import PluginUnderTest, Probe
+from hvconform.contract.results import EnvironmentBlocked
+from hvconform.contract.strict_json import one_line
+from hvconform.manifests.render import ManifestError
+from hvconform.targets import TARGETS
+from hvconform.targets.honour import refusal
+from hvconform.targets.local.liveness import FAILURE_THRESHOLD, PERIOD_S
 
 # (target, runtime) in the order a maintainer meets them: this machine first, clusters last.
 ROWS: tuple[tuple[str, str], ...] = (
@@ -87,7 +87,7 @@ def _process(plugin: PluginUnderTest, where: str) -> list[str]:
 
 
 def _container(plugin: PluginUnderTest) -> list[str]:
-    from conformance.targets.container.spec import TARGET_KEY, container_spec
+    from hvconform.targets.container.spec import TARGET_KEY, container_spec
 
     spec = container_spec(plugin)
     argv = [*(spec.entrypoint or ("<image ENTRYPOINT>",)), *(spec.args or ())]
@@ -102,8 +102,8 @@ def _container(plugin: PluginUnderTest) -> list[str]:
 
 
 def _cluster(plugin: PluginUnderTest, target: str) -> list[str]:
-    from conformance.targets.cluster.run import render_objects, values_key
-    from conformance.targets.cluster.workloads import prepare
+    from hvconform.targets.cluster.run import render_objects, values_key
+    from hvconform.targets.cluster.workloads import prepare
 
     assert plugin.deploy is not None  # refusal() said so
     # the target's traits as the registry fills them; not its checks (no kubeconfig here)

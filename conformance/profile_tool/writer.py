@@ -11,9 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from conformance.contract.deploy import VALUES_KEYS
-from conformance.contract.strict_json import one_line
-from conformance.profile_tool.daemonset import Fact, Facts
+from hvconform.contract.deploy import VALUES_KEYS
+from hvconform.contract.strict_json import one_line
+from hvconform.profile_tool.daemonset import Fact, Facts
 
 
 @dataclass(frozen=True)

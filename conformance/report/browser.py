@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.contract import settings
+from hvconform.contract import settings
 
 FLAGS = (
     "--headless",

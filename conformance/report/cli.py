@@ -43,10 +43,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def runner(ns: argparse.Namespace) -> int:
     # Imported here so `hvconform --help` does not load jinja2.
-    from conformance.contract.strict_json import one_line
-    from conformance.report.browser import BrowserError, capture
-    from conformance.report.model import verdict
-    from conformance.report.render import ReportError, append_step_summary, load_results, render_all
+    from hvconform.contract.strict_json import one_line
+    from hvconform.report.browser import BrowserError, capture
+    from hvconform.report.model import verdict
+    from hvconform.report.render import ReportError, append_step_summary, load_results, render_all
 
     results: Path = ns.results
     out: Path = ns.out or results.parent

@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.safewrite import write_atomic
-from conformance.contract.strict_json import one_line
-from conformance.report import compare_model as cm
-from conformance.report import text
-from conformance.report.model import MAX_FIGURES, CheckView, build
-from conformance.report.render import ReportError, environment, load_results
+from hvconform.contract.safewrite import write_atomic
+from hvconform.contract.strict_json import one_line
+from hvconform.report import compare_model as cm
+from hvconform.report import text
+from hvconform.report.model import MAX_FIGURES, CheckView, build
+from hvconform.report.render import ReportError, environment, load_results
 
 EXIT_REGRESSION = 1
 EXIT_BAD_INPUT = 2

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.report import words
-from conformance.report.model import (
+from hvconform.report import words
+from hvconform.report.model import (
     MAX_FIGURES_PER_CHECK,
     CheckView,
     ReportView,

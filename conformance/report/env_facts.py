@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.contract import featuregates as fg
+from hvconform.contract import featuregates as fg
 
 KEYS = frozenset(
     {"cgroup", "suite_version", "components", "cluster", "preconditions", "feature_gates"}

@@ -1,6 +1,6 @@
 """The evidence bundle: the files the run wrote, in one deterministic tar.gz.
 
-Which files: those the run's manifest lists (conformance.contract.manifest); for results without
+Which files: those the run's manifest lists (hvconform.contract.manifest); for results without
 a manifest (pytest run alone, an older run) the suite's fixed layout (LAYOUT). Nothing else in the
 directory is taken, hidden names never. Each file is opened component by component with
 O_NOFOLLOW, so neither a symlinked file nor a symlinked directory can pull in a host file.
@@ -29,13 +29,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conformance.contract import manifest
-from conformance.contract.safewrite import atomic_file
+from hvconform.contract import manifest
+from hvconform.contract.safewrite import atomic_file
 
 SUMS = "SHA256SUMS"
 MAX_FILE_BYTES = 64 * 1024 * 1024  # per file: a plugin log of a long run is a few MiB
 CHUNK = 256 * 1024
-# What a run writes when no manifest lists it (see conformance.suite.pytest_plugin and targets).
+# What a run writes when no manifest lists it (see hvconform.suite.pytest_plugin and targets).
 LAYOUT = (
     "results.json", "pytest-junit.xml", "plugin-*.log", "cluster-*.json", "cluster/commands.log",
     "evidence/*", "ledger/*.jsonl", "metadata/*.json", "targets/*.json", "plugin-ran/*.json",

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-from conformance.report.model import CheckView, ReportView
-from conformance.report.words import duration
+from hvconform.report.model import CheckView, ReportView
+from hvconform.report.words import duration
 
 _XML_INVALID = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 

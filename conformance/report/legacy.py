@@ -3,8 +3,8 @@
 Since 1.3 every timeline event carries its kind and every failure its kind and (a wait) its
 typed fields, and reasons hold no Python class name; the report reads those fields. A results
 file from an older suite carries some of that only in its text: `read_pre_1_3_check` recovers
-it, as the report did before 1.3, so old files read the same. Nothing else in conformance.report
-or conformance.suite matches a status, reason or event by its text
+it, as the report did before 1.3, so old files read the same. Nothing else in hvconform.report
+or hvconform.suite matches a status, reason or event by its text
 (tests/report/test_no_text_parsing.py holds that).
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from conformance.contract import wait as waits
-from conformance.report.words import Wait
+from hvconform.contract import wait as waits
+from hvconform.report.words import Wait
 
 # The schema versions whose files need this module (1.3 and later carry the fields).
 PRE_1_3 = frozenset({"1.0", "1.1", "1.2"})
@@ -68,7 +68,7 @@ _EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?P<cls>[A-Z]\w*(?:Error|Exception
 
 
 def _split_exception(reason: str) -> tuple[str, str]:
-    """("WaitExpired", "wait '...' expired ...") from "conformance.contract.wait.WaitExpired: wait ..."."""
+    """("WaitExpired", "wait '...' expired ...") from "hvconform.contract.wait.WaitExpired: wait ..."."""
     text = reason.strip()
     match = _EXCEPTION.match(text)
     return (match["cls"], text[match.end() :]) if match else ("", text)

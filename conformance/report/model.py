@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.contract import manifest
-from conformance.report import env_facts, legacy, plugin_facts, text, words
+from hvconform.contract import manifest
+from hvconform.report import env_facts, legacy, plugin_facts, text, words
 
 LEDGER_MAX_BYTES = 16 * 1024 * 1024  # per ledger file read for the cleanup summary
 # What a report or a comparison shows is bounded and stated: a check shows at most this many
@@ -486,7 +486,7 @@ def build(
 ) -> ReportView:
     """The view of one results document whose files live in run_dir, for a report in out_dir.
 
-    Every string of the document is made visible here, once (see conformance.report.text), so
+    Every string of the document is made visible here, once (see hvconform.report.text), so
     no template, chart or XML writer ever sees a control character.
     """
     data = text.visible_tree(data)

@@ -11,13 +11,13 @@ from typing import Any
 import jinja2
 from markupsafe import Markup, escape
 
-from conformance.contract import strict_json
-from conformance.contract.manifest import ManifestError
-from conformance.contract.results import validate_results
-from conformance.contract.safewrite import write_atomic
-from conformance.report import evidence, junit, svg, text
-from conformance.report.model import ReportView, build
-from conformance.report.words import duration
+from hvconform.contract import strict_json
+from hvconform.contract.manifest import ManifestError
+from hvconform.contract.results import validate_results
+from hvconform.contract.safewrite import write_atomic
+from hvconform.report import evidence, junit, svg, text
+from hvconform.report.model import ReportView, build
+from hvconform.report.words import duration
 
 STEP_SUMMARY_LIMIT = 1024 * 1024  # GitHub refuses a step summary larger than 1 MiB
 # What `hvconform report` and `compare` read: a full run's results.json is under 1 MiB and a
@@ -51,7 +51,7 @@ def environment(markdown: bool = False) -> jinja2.Environment:
     """Templates ship inside the package. HTML templates autoescape; the Markdown environment
     escapes every {{ }} for Markdown unless a filter (md, code) already made it Markdown."""
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("conformance.report", "templates"),
+        loader=jinja2.PackageLoader("hvconform.report", "templates"),
         autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",)),
         undefined=jinja2.StrictUndefined,  # a misspelt field fails the render, never prints ""
         trim_blocks=True,
@@ -87,7 +87,7 @@ def render_html(view: ReportView) -> str:
 def load_results(results_path: Path) -> dict[str, Any]:
     """Read and validate a results.json; ReportError (one line) names the file and the problem.
 
-    Strict (conformance.contract.strict_json): a regular file of at most MAX_RESULTS_BYTES and
+    Strict (hvconform.contract.strict_json): a regular file of at most MAX_RESULTS_BYTES and
     MAX_RESULTS_VALUES values, UTF-8, no NaN or Infinity, no duplicate key, integers and nesting
     bounded; then the shipped JSON Schema.
     """

@@ -10,8 +10,8 @@ import math
 from collections.abc import Sequence
 from xml.sax.saxutils import escape, quoteattr
 
-from conformance.report.model import KINDS, CheckView, Event
-from conformance.report.words import duration
+from hvconform.report.model import KINDS, CheckView, Event
+from hvconform.report.words import duration
 
 WIDTH = 720
 LABEL_W = 300  # left column for event names

@@ -48,7 +48,7 @@ def visible(text: str) -> str:
 def visible_tree(value: Any) -> Any:
     """A copy of a parsed JSON document with visible() applied to every string and key.
 
-    The loader has already bounded the depth (conformance.contract.strict_json), so recursion
+    The loader has already bounded the depth (hvconform.contract.strict_json), so recursion
     here is at most that deep.
     """
     if isinstance(value, str):

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from conformance.contract import wait as waits
+from hvconform.contract import wait as waits
 
 Metric = float | int | str
 
@@ -82,7 +82,7 @@ class Wait:
 
 
 def wait_sentence(fields: Mapping[str, Any]) -> str:
-    """The typed fields of an expired wait in one sentence (conformance.contract.wait words)."""
+    """The typed fields of an expired wait in one sentence (hvconform.contract.wait words)."""
     timeout = fields.get("timeout_s", 0)
     return waits.sentence(
         str(fields.get("awaited", "")),

@@ -6,10 +6,10 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from conformance.contract.dra_profile import API_DEVICE_PLUGIN, API_DRA
-from conformance.contract.node import Node
-from conformance.contract.results import Recorder
-from conformance.scenarios import (
+from hvconform.contract.dra_profile import API_DEVICE_PLUGIN, API_DRA
+from hvconform.contract.node import Node
+from hvconform.contract.results import Recorder
+from hvconform.scenarios import (
     atomicity,
     cdi,
     dra,
@@ -148,7 +148,7 @@ CATALOGUE: tuple[Check, ...] = (
           level="extended", apis=DRA),
 )  # fmt: skip
 # Checks of the catalogue that judge a DRA driver too (through the same Node observations:
-# conformance.contract.dra says what each one means there).
+# hvconform.contract.dra says what each one means there).
 _JUDGES_BOTH = {"guest-execution", "cdi-missing", "cdi-stale", "cdi-malformed", "cdi-non-regular",
                 "cdi-read-only", "identity-missing", "device-unusable", "restart-plugin",
                 "preservation"}  # fmt: skip

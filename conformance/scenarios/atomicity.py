@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from conformance.contract.node import CAP_READ_STORM, Node, require
-from conformance.contract.results import Recorder
-from conformance.scenarios.common import fresh_guest, require_spec, wait_ready, wait_spec_desired
+from hvconform.contract.node import CAP_READ_STORM, Node, require
+from hvconform.contract.results import Recorder
+from hvconform.scenarios.common import fresh_guest, require_spec, wait_ready, wait_spec_desired
 
 CYCLES = 30
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from conformance.contract.node import CAP_READ_ONLY, CAP_READINESS, Node, require
-from conformance.contract.results import EventKind, Recorder
-from conformance.contract.wait import wait_for
-from conformance.scenarios.common import (
+from hvconform.contract.node import CAP_READ_ONLY, CAP_READINESS, Node, require
+from hvconform.contract.results import EventKind, Recorder
+from hvconform.contract.wait import wait_for
+from hvconform.scenarios.common import (
     FAULT_TIMEOUT_S,
     RECOVERY_TIMEOUT_S,
     expect_live,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from conformance.contract import runcontext
-from conformance.contract.node import CAP_GUEST, CAP_LIVENESS, CAP_READINESS, Node
-from conformance.contract.results import EventKind, NotApplicable, Recorder
-from conformance.contract.wait import wait_for
+from hvconform.contract import runcontext
+from hvconform.contract.node import CAP_GUEST, CAP_LIVENESS, CAP_READINESS, Node
+from hvconform.contract.results import EventKind, NotApplicable, Recorder
+from hvconform.contract.wait import wait_for
 
 # How long a plugin may take to notice a fault and to recover from it. The seed measured 22-32 s
 # of recovery on AKS with a polling plugin; `hvconform run --recovery-timeout` adjusts both.

@@ -1,5 +1,5 @@
 """DRA behaviours the kubelet's own node tests check (test/e2e_node/dra_test.go, v1.37.2), for any
-DRA driver under test (CAP_DRA; conformance.contract.dra):
+DRA driver under test (CAP_DRA; hvconform.contract.dra):
 
 `dra-kubelet-restart`: a pod holding a prepared claim keeps running across a graceful and a
 crash kubelet restart (same container, no restart, its guest counting: "must keep pod running
@@ -39,9 +39,9 @@ from __future__ import annotations
 
 from typing import cast
 
-from conformance.contract.base import specs_declaring
-from conformance.contract.dra import CAP_DRA, CAP_KUBELET_STOP, CAP_REGISTRATION_SOCKET, DraNode
-from conformance.contract.node import (
+from hvconform.contract.base import specs_declaring
+from hvconform.contract.dra import CAP_DRA, CAP_KUBELET_STOP, CAP_REGISTRATION_SOCKET, DraNode
+from hvconform.contract.node import (
     CAP_KUBELET_CRASH,
     CAP_READ_ONLY,
     CAP_READINESS,
@@ -49,9 +49,9 @@ from conformance.contract.node import (
     PodView,
     require,
 )
-from conformance.contract.results import EventKind, NotApplicable, Recorder
-from conformance.contract.wait import wait_for
-from conformance.scenarios.common import (
+from hvconform.contract.results import EventKind, NotApplicable, Recorder
+from hvconform.contract.wait import wait_for
+from hvconform.scenarios.common import (
     FAULT_TIMEOUT_S,
     RECOVERY_TIMEOUT_S,
     fresh_guest,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from conformance.contract.node import CAP_GUEST, Node, require
-from conformance.contract.results import Recorder
+from hvconform.contract.node import CAP_GUEST, Node, require
+from hvconform.contract.results import Recorder
 
 RUNS = 6
 

@@ -17,16 +17,16 @@ kubelet's allocatable to 0: either passes, as long as the new stream carries it.
 
 from __future__ import annotations
 
-from conformance.contract.node import (
+from hvconform.contract.node import (
     CAP_DEVICE_VIEW,
     CAP_KUBELET_CRASH,
     CAP_KUBELET_RESTART,
     Node,
     require,
 )
-from conformance.contract.results import EventKind, Recorder
-from conformance.contract.wait import WaitExpired, wait_for
-from conformance.scenarios.common import FAULT_TIMEOUT_S, RECOVERY_TIMEOUT_S, wait_ready
+from hvconform.contract.results import EventKind, Recorder
+from hvconform.contract.wait import WaitExpired, wait_for
+from hvconform.scenarios.common import FAULT_TIMEOUT_S, RECOVERY_TIMEOUT_S, wait_ready
 
 
 def _allocatable_becomes(node: Node, want: int, timeout: float, what: str) -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from conformance.contract.node import CAP_DEVICE_REMAP, CAP_DEVICE_VIEW, Node, require
-from conformance.contract.results import EventKind, Recorder
-from conformance.contract.wait import wait_for
-from conformance.scenarios.common import FAULT_TIMEOUT_S, expect_unready, fresh_guest, wait_ready
+from hvconform.contract.node import CAP_DEVICE_REMAP, CAP_DEVICE_VIEW, Node, require
+from hvconform.contract.results import EventKind, Recorder
+from hvconform.contract.wait import wait_for
+from hvconform.scenarios.common import FAULT_TIMEOUT_S, expect_unready, fresh_guest, wait_ready
 
 
 def identity_missing(node: Node, rec: Recorder) -> None:

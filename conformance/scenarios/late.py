@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import time
 
-from conformance.contract.node import CAP_DEVICE_LATE, CAP_READINESS, CAP_STREAM_END, Node, require
-from conformance.contract.results import EventKind, Recorder
-from conformance.contract.wait import wait_for
-from conformance.scenarios.common import (
+from hvconform.contract.node import CAP_DEVICE_LATE, CAP_READINESS, CAP_STREAM_END, Node, require
+from hvconform.contract.results import EventKind, Recorder
+from hvconform.contract.wait import wait_for
+from hvconform.scenarios.common import (
     RECOVERY_TIMEOUT_S,
     expect_live,
     expect_unready,

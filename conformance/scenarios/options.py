@@ -8,15 +8,15 @@ not_applicable here, never passed.
 
 from __future__ import annotations
 
-from conformance.contract.node import (
+from hvconform.contract.node import (
     CAP_PLUGIN_OPTIONS,
     CAP_PRE_START,
     CAP_PREFERRED_ALLOCATION,
     Node,
     require,
 )
-from conformance.contract.results import NotApplicable, Recorder
-from conformance.scenarios.common import fresh_guest, wait_ready
+from hvconform.contract.results import NotApplicable, Recorder
+from hvconform.scenarios.common import fresh_guest, wait_ready
 
 
 def optional_rpcs(node: Node, rec: Recorder) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from conformance.contract.node import CAP_LONG_GUEST, Node
-from conformance.contract.results import Recorder
-from conformance.contract.wait import wait_for
+from hvconform.contract.node import CAP_LONG_GUEST, Node
+from hvconform.contract.results import Recorder
+from hvconform.contract.wait import wait_for
 
 
 def preservation(node: Node, rec: Recorder) -> None:

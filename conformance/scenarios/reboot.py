@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import time
 
-from conformance.contract.node import CAP_DEVICE_REMAP, CAP_NODE_REBOOT, CAP_PODS, Node, require
-from conformance.contract.results import NotApplicable, Recorder
-from conformance.contract.wait import wait_for
-from conformance.scenarios.common import RECOVERY_TIMEOUT_S, fresh_guest, wait_ready
-from conformance.scenarios.workloads import COUNTING_S, RUNNING, start_running_pod
+from hvconform.contract.node import CAP_DEVICE_REMAP, CAP_NODE_REBOOT, CAP_PODS, Node, require
+from hvconform.contract.results import NotApplicable, Recorder
+from hvconform.contract.wait import wait_for
+from hvconform.scenarios.common import RECOVERY_TIMEOUT_S, fresh_guest, wait_ready
+from hvconform.scenarios.workloads import COUNTING_S, RUNNING, start_running_pod
 
 OWNER = "reboot-workload"
 # After the plugin registered, its device stays unusable this long while requests keep coming:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from conformance.contract.node import (
+from hvconform.contract.node import (
     CAP_GUEST,
     CAP_KUBELET_CRASH,
     CAP_KUBELET_RESTART,
@@ -14,9 +14,9 @@ from conformance.contract.node import (
     Node,
     require,
 )
-from conformance.contract.results import EventKind, Recorder
-from conformance.contract.wait import expired, wait_for
-from conformance.scenarios.common import RECOVERY_TIMEOUT_S, fresh_guest, wait_ready
+from hvconform.contract.results import EventKind, Recorder
+from hvconform.contract.wait import expired, wait_for
+from hvconform.scenarios.common import RECOVERY_TIMEOUT_S, fresh_guest, wait_ready
 
 ROLLOUT_TIMEOUT_S = 300.0
 

@@ -17,7 +17,7 @@ Unhealthy when the device goes, and Healthy again when it is back.
 
 from __future__ import annotations
 
-from conformance.contract.node import (
+from hvconform.contract.node import (
     CAP_DEVICE_VIEW,
     CAP_KUBELET_CRASH,
     CAP_KUBELET_RESTART,
@@ -27,9 +27,9 @@ from conformance.contract.node import (
     PodView,
     require,
 )
-from conformance.contract.results import EventKind, Recorder
-from conformance.contract.wait import wait_for
-from conformance.scenarios.common import FAULT_TIMEOUT_S, RECOVERY_TIMEOUT_S, wait_ready
+from hvconform.contract.results import EventKind, Recorder
+from hvconform.contract.wait import wait_for
+from hvconform.scenarios.common import FAULT_TIMEOUT_S, RECOVERY_TIMEOUT_S, wait_ready
 
 RUNNING = "Running"
 COUNTING_S = 30.0

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from conformance.contract import runcontext
-from conformance.scenarios import CATALOGUE
+from hvconform.contract import runcontext
+from hvconform.scenarios import CATALOGUE
 
 
 def _plugin_api() -> str | None:

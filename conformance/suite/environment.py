@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conformance.contract import hostfacts
-from conformance.contract.plugin import SHIPPED, SHIPPED_DRA, PluginUnderTest, load_profile
-from conformance.suite import preflight as preconditions
-from conformance.targets import UnknownTarget, preflight
-from plugin.api.names import installed_version
+from hv_device_plugin.api.names import installed_version
+from hvconform.contract import hostfacts
+from hvconform.contract.plugin import SHIPPED, SHIPPED_DRA, PluginUnderTest, load_profile
+from hvconform.suite import preflight as preconditions
+from hvconform.targets import UnknownTarget, preflight
 
 
 def iso(ts: float) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.contract.results import Recorder
+from hvconform.contract.results import Recorder
 
 PLUGIN_LOG = "plugin.log"
 KUBELET_LOG = "kubelet.log"

@@ -18,12 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from conformance.contract.dra_profile import DRA_PLACEHOLDERS
-from conformance.contract.node import Node
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.ran import PluginRan
-from conformance.contract.results import CheckRecord, Status
-from conformance.contract.safewrite import write_atomic
+from hvconform.contract.dra_profile import DRA_PLACEHOLDERS
+from hvconform.contract.node import Node
+from hvconform.contract.plugin import PluginUnderTest
+from hvconform.contract.ran import PluginRan
+from hvconform.contract.results import CheckRecord, Status
+from hvconform.contract.safewrite import write_atomic
 
 CHECK_ID = "plugin-identity"
 MARKER = "plugin"

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from conformance.contract.results import Outcome, Status, describe_failure
+from hvconform.contract.results import Outcome, Status, describe_failure
 
 PROP = "hv_outcome"
 # An outcome decided before the item ran (preflight's environment_blocked skip marker).

@@ -1,6 +1,6 @@
 """pytest glue for preconditions: the target's needs checked once, before the first check.
 
-Loaded by `conformance.suite.pytest_plugin` (its `pytest_plugins`). The run's controller (or the
+Loaded by `hvconform.suite.pytest_plugin` (its `pytest_plugins`). The run's controller (or the
 single process without xdist) asks the target family's `preflight` module for its requirements
 at configure time, before any worker or node exists, and evaluates every one. When one is unmet,
 its one line travels to the workers as a field of their start-up input (xdist's `workerinput`,
@@ -20,16 +20,16 @@ from typing import Any
 
 import pytest
 
-from conformance.contract import runcontext
-from conformance.contract.preconditions import (
+from hvconform.contract import runcontext
+from hvconform.contract.preconditions import (
     EXIT_ENVIRONMENT_BLOCKED,
     Finding,
     evaluate,
     first_unmet,
 )
-from conformance.contract.results import EnvironmentBlocked, Status
-from conformance.suite import outcomes
-from conformance.targets import UnknownTarget, preflight
+from hvconform.contract.results import EnvironmentBlocked, Status
+from hvconform.suite import outcomes
+from hvconform.targets import UnknownTarget, preflight
 
 _FINDINGS: list[Finding] = []  # the controller's, for the environment
 _BLOCKED: list[str] = []  # the unmet precondition's line: the controller's verdict, or its copy

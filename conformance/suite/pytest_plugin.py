@@ -2,10 +2,10 @@
 
 Workers put each check's record into the report's user_properties; the controller (or the single
 process without xdist) collects them, verifies cleanup across every worker's ledger, and writes
-results.json. Each phase's status and reason travel as typed fields (conformance.suite.outcomes),
+results.json. Each phase's status and reason travel as typed fields (hvconform.suite.outcomes),
 never read back from pytest's text, so nothing skipped looks passed.
 The controller is also the run-level owner of what workers share on the host (/run/netns:
-conformance.targets.local.netns.RunOwner): started before any worker, released once all ended.
+hvconform.targets.local.netns.RunOwner): started before any worker, released once all ended.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from conformance.contract import runcontext, target_report
-from conformance.contract.dra import plugin_api
-from conformance.contract.dra_profile import API_TITLES
-from conformance.contract.ledger import Entry, read_entries
-from conformance.contract.node import Node
-from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
-from conformance.contract.results import (
+from hvconform.contract import runcontext, target_report
+from hvconform.contract.dra import plugin_api
+from hvconform.contract.dra_profile import API_TITLES
+from hvconform.contract.ledger import Entry, read_entries
+from hvconform.contract.node import Node
+from hvconform.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
+from hvconform.contract.results import (
     FEATURE_GATES_FILE,
     Blocked,
     CheckRecord,
@@ -36,17 +36,17 @@ from conformance.contract.results import (
     describe_failure,
     write_results,
 )
-from conformance.contract.runcontext import RunContext
-from conformance.contract.target_report import merge_reports
-from conformance.metadata.twophase import TwoPhase
-from conformance.scenarios import BY_ID, CATALOGUE, CLEANUP, Check
-from conformance.suite import environment, evidence, identity, outcomes, preflight, session_checks
-from conformance.targets import TARGETS, open_target
-from conformance.targets.local.netns import RunOwner
+from hvconform.contract.runcontext import RunContext
+from hvconform.contract.target_report import merge_reports
+from hvconform.metadata.twophase import TwoPhase
+from hvconform.scenarios import BY_ID, CATALOGUE, CLEANUP, Check
+from hvconform.suite import environment, evidence, identity, outcomes, preflight, session_checks
+from hvconform.targets import TARGETS, open_target
+from hvconform.targets.local.netns import RunOwner
 
 USER_PROP = "hv_check"
 # Preconditions: checked before the first check; an unmet one blocks every check.
-pytest_plugins = ["conformance.suite.preflight"]
+pytest_plugins = ["hvconform.suite.preflight"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -115,7 +115,7 @@ def node(request: pytest.FixtureRequest) -> Iterator[Node]:
     two_phase = None if phases == "none" else TwoPhase("/dev/kvm")
     local_phases = phases == "suite"
     # What runs as the plugin, read back once the node is up and once at the end, and how the
-    # node's setup ended when it never came up (conformance.suite.identity).
+    # node's setup ended when it never came up (hvconform.suite.identity).
     outcome = identity.NodeOutcome(run_dir(), worker_id(config), target)
     if two_phase is not None and local_phases:
         two_phase.snapshot_original()

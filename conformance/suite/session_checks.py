@@ -1,6 +1,6 @@
 """The session-level checks, decided by the controller once every worker is done: `cleanup`
 (every worker's ledger, or a cluster lifecycle's verification), `metadata-two-phase` (each node's
-host device metadata around its life) and `plugin-identity` (conformance.suite.identity).
+host device metadata around its life) and `plugin-identity` (hvconform.suite.identity).
 
 A phase that never started proves nothing: a node that never came up leaves its startup
 metadata phase unrun, which is `blocked` (naming why), never `failed`; when the machine lacked
@@ -14,11 +14,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.ledger import read_entries, survivors
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.results import CheckRecord, Status
-from conformance.scenarios import CLEANUP
-from conformance.suite import identity, preflight
+from hvconform.contract.ledger import read_entries, survivors
+from hvconform.contract.plugin import PluginUnderTest
+from hvconform.contract.results import CheckRecord, Status
+from hvconform.scenarios import CLEANUP
+from hvconform.suite import identity, preflight
 
 METADATA_ID = "metadata-two-phase"
 # After the catalogue, in this order.

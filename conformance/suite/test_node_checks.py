@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.contract.node import Node
-from conformance.contract.results import Recorder
-from conformance.scenarios import Check
-from conformance.suite._params import WORKLOAD_CHECKS, check_params
-from conformance.suite.pytest_plugin import run_check
+from hvconform.contract.node import Node
+from hvconform.contract.results import Recorder
+from hvconform.scenarios import Check
+from hvconform.suite._params import WORKLOAD_CHECKS, check_params
+from hvconform.suite.pytest_plugin import run_check
 
 
 @pytest.mark.parametrize("check_id", check_params(WORKLOAD_CHECKS, include=False))

@@ -7,7 +7,7 @@ is one entry here plus its module. Each family module exposes
 
     open_node(ctx, *, worker, metadata) -> context manager yielding a Node
 
-where ctx is the run's RunContext (conformance.contract.runcontext): the plugin under test, the
+where ctx is the run's RunContext (hvconform.contract.runcontext): the plugin under test, the
 out dir and the target's options, validated once by the CLI; a family reads nothing else,
 
 and cluster families (created and deleted by the suite) also `build_plan(options, objects)` and
@@ -51,16 +51,16 @@ class Target:
 
 
 # How a runtime other than the default is implemented (local target only).
-RUNTIME_MODULES: dict[str, str] = {"container": "conformance.targets.container.node"}
+RUNTIME_MODULES: dict[str, str] = {"container": "hvconform.targets.container.node"}
 
 TARGETS: dict[str, Target] = {
     "local": Target(
-        "conformance.targets.local.node",
+        "hvconform.targets.local.node",
         "this machine, no cluster: kubelet emulator, sandboxed plugin (default)",
         runtimes=("process", "container"),
     ),
     "cluster": Target(
-        "conformance.targets.cluster.existing",
+        "hvconform.targets.cluster.existing",
         "an existing cluster (--kubeconfig, --node/--all-nodes): never created nor deleted",
         cluster=True,
         serial=True,
@@ -68,7 +68,7 @@ TARGETS: dict[str, Target] = {
         pool=True,
     ),
     "kind": Target(
-        "conformance.targets.cluster.kind",
+        "hvconform.targets.cluster.kind",
         "a throwaway KIND cluster",
         cluster=True,
         serial=True,
@@ -77,14 +77,14 @@ TARGETS: dict[str, Target] = {
         plugin_namespace="hyperlight-system",
     ),
     "aks": Target(
-        "conformance.targets.cluster.aks",
+        "hvconform.targets.cluster.aks",
         "a temporary AKS node pool",
         cluster=True,
         serial=True,
         host_metadata="none",
     ),
     "node": Target(
-        "conformance.targets.realnode.entry", "a real kubelet on this machine", serial=True
+        "hvconform.targets.realnode.entry", "a real kubelet on this machine", serial=True
     ),
 }
 RUNTIMES: tuple[str, ...] = ("process", *RUNTIME_MODULES)

@@ -15,10 +15,10 @@ per target family and written once, here, from what each family does with a prof
 
 from __future__ import annotations
 
-from conformance.contract.plugin import PluginUnderTest
+from hvconform.contract.plugin import PluginUnderTest
 
 CLUSTERS = ("kind", "aks", "cluster")
-# Targets with a DRA node (conformance.contract.dra): the node target's, kind's, a cluster's.
+# Targets with a DRA node (hvconform.contract.dra): the node target's, kind's, a cluster's.
 DRA_TARGETS = ("node", "kind", "cluster")
 
 
@@ -65,10 +65,10 @@ def refusal(plugin: PluginUnderTest, target: str, runtime: str, *, image: str = 
 def _container_problem(plugin: PluginUnderTest) -> str:
     """What of the profile's plugin container the container runtime cannot honour ('' when
     all of it can). helm missing is the preflight's to report (environment_blocked)."""
-    from conformance.contract.errors import Unhonoured
-    from conformance.contract.results import EnvironmentBlocked
-    from conformance.manifests.render import ManifestError
-    from conformance.targets.container.spec import container_spec
+    from hvconform.contract.errors import Unhonoured
+    from hvconform.contract.results import EnvironmentBlocked
+    from hvconform.manifests.render import ManifestError
+    from hvconform.targets.container.spec import container_spec
 
     try:
         container_spec(plugin)

@@ -2,7 +2,7 @@
 // release. k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with
 // ./staging/... paths that do not exist outside its repository, so this module pins each
 // staging module to the published tag of the same release. Written by
-// `python -m conformance.targets.node.build --pin` from the release's own go.mod.
+// `python -m hvconform.targets.node.build --pin` from the release's own go.mod.
 module hv.local/nodebuild
 
 go 1.26.0

@@ -8,7 +8,7 @@ upstream releases are omitted: they never change the wire.
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from plugin.api import deviceplugin_pb2 as _deviceplugin_pb2
+from hv_device_plugin.api import deviceplugin_pb2 as _deviceplugin_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from plugin.api import dra_pb2 as plugin_dot_api_dot_dra__pb2
+from hv_device_plugin.api import dra_pb2 as hv__device__plugin_dot_api_dot_dra__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in plugin/api/dra_pb2_grpc.py depends on'
+        + ' but the generated code in hv_device_plugin/api/dra_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,13 +36,13 @@ class DRAPluginStub:
         """
         self.NodePrepareResources = channel.unary_unary(
                 '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources',
-                request_serializer=plugin_dot_api_dot_dra__pb2.NodePrepareResourcesRequest.SerializeToString,
-                response_deserializer=plugin_dot_api_dot_dra__pb2.NodePrepareResourcesResponse.FromString,
+                request_serializer=hv__device__plugin_dot_api_dot_dra__pb2.NodePrepareResourcesRequest.SerializeToString,
+                response_deserializer=hv__device__plugin_dot_api_dot_dra__pb2.NodePrepareResourcesResponse.FromString,
                 _registered_method=True)
         self.NodeUnprepareResources = channel.unary_unary(
                 '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources',
-                request_serializer=plugin_dot_api_dot_dra__pb2.NodeUnprepareResourcesRequest.SerializeToString,
-                response_deserializer=plugin_dot_api_dot_dra__pb2.NodeUnprepareResourcesResponse.FromString,
+                request_serializer=hv__device__plugin_dot_api_dot_dra__pb2.NodeUnprepareResourcesRequest.SerializeToString,
+                response_deserializer=hv__device__plugin_dot_api_dot_dra__pb2.NodeUnprepareResourcesResponse.FromString,
                 _registered_method=True)
 
 
@@ -66,13 +66,13 @@ def add_DRAPluginServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'NodePrepareResources': grpc.unary_unary_rpc_method_handler(
                     servicer.NodePrepareResources,
-                    request_deserializer=plugin_dot_api_dot_dra__pb2.NodePrepareResourcesRequest.FromString,
-                    response_serializer=plugin_dot_api_dot_dra__pb2.NodePrepareResourcesResponse.SerializeToString,
+                    request_deserializer=hv__device__plugin_dot_api_dot_dra__pb2.NodePrepareResourcesRequest.FromString,
+                    response_serializer=hv__device__plugin_dot_api_dot_dra__pb2.NodePrepareResourcesResponse.SerializeToString,
             ),
             'NodeUnprepareResources': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeUnprepareResources,
-                    request_deserializer=plugin_dot_api_dot_dra__pb2.NodeUnprepareResourcesRequest.FromString,
-                    response_serializer=plugin_dot_api_dot_dra__pb2.NodeUnprepareResourcesResponse.SerializeToString,
+                    request_deserializer=hv__device__plugin_dot_api_dot_dra__pb2.NodeUnprepareResourcesRequest.FromString,
+                    response_serializer=hv__device__plugin_dot_api_dot_dra__pb2.NodeUnprepareResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -100,8 +100,8 @@ class DRAPlugin:
             request,
             target,
             '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources',
-            plugin_dot_api_dot_dra__pb2.NodePrepareResourcesRequest.SerializeToString,
-            plugin_dot_api_dot_dra__pb2.NodePrepareResourcesResponse.FromString,
+            hv__device__plugin_dot_api_dot_dra__pb2.NodePrepareResourcesRequest.SerializeToString,
+            hv__device__plugin_dot_api_dot_dra__pb2.NodePrepareResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -127,8 +127,8 @@ class DRAPlugin:
             request,
             target,
             '/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources',
-            plugin_dot_api_dot_dra__pb2.NodeUnprepareResourcesRequest.SerializeToString,
-            plugin_dot_api_dot_dra__pb2.NodeUnprepareResourcesResponse.FromString,
+            hv__device__plugin_dot_api_dot_dra__pb2.NodeUnprepareResourcesRequest.SerializeToString,
+            hv__device__plugin_dot_api_dot_dra__pb2.NodeUnprepareResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -9,7 +9,7 @@ advertises it there as "v1.DRAPlugin" (see dra_wire.py). Go-only options are omi
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from plugin.api import dra_pb2 as _dra_pb2
+from hv_device_plugin.api import dra_pb2 as _dra_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

@@ -9,7 +9,7 @@ reports become the pods' allocatedResourcesStatus (ResourceHealthStatus, beta in
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from plugin.api import drahealth_pb2 as _drahealth_pb2
+from hv_device_plugin.api import drahealth_pb2 as _drahealth_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

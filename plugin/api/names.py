@@ -2,7 +2,7 @@
 
 Defined once here (beside the wire constants) because the plugin, the manifests, the chart and
 the conformance suite's own profile of this plugin all use them, and conformance may import only
-plugin.api from the plugin.
+hv_device_plugin.api from the plugin.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ is "pluginregistration" on the wire (not v1).
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from plugin.api import pluginregistration_pb2 as _pluginregistration_pb2
+from hv_device_plugin.api import pluginregistration_pb2 as _pluginregistration_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

@@ -24,8 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plugin.cdi import CdiReconciler, CdiStatus, forget_lock
-from plugin.cdi_spec import desired_spec, qualified_name
+from hv_device_plugin.cdi import CdiReconciler, CdiStatus, forget_lock
+from hv_device_plugin.cdi_spec import desired_spec, qualified_name
 
 # Claim UIDs are RFC 4122 UUIDs as the API server makes them; nothing else reaches a file name.
 _UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -84,7 +84,7 @@ class ClaimSpecs:
         with self._mutex:
             self._kept = set(claim_uids)
 
-    # -- the monitor's side (plugin.monitor.SpecKeeper) -----------------------------------------
+    # -- the monitor's side (hv_device_plugin.monitor.SpecKeeper) -----------------------------------------
 
     def watches(self, name: str) -> bool:
         return name.startswith(PREFIX) and name.endswith(".json")

@@ -27,26 +27,26 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from plugin import logs, shutdown
-from plugin.api import dra_pb2_grpc as dra_grpc
-from plugin.api import drahealth_pb2_grpc as drahealth_grpc
-from plugin.api.dra_wire import DRA_HEALTH_SERVICE_V1, DRA_SERVICE_V1
-from plugin.api.names import DRA_SOCKET
-from plugin.config import Config, DraConfig
-from plugin.dra.allocation import ClaimError
-from plugin.dra.claim_specs import ClaimSpecs
-from plugin.dra.claims import ClaimStore
-from plugin.dra.health_stream import DeviceHealthServicer
-from plugin.dra.kubeapi import ApiAccess, ApiError, KubeApi
-from plugin.dra.orphans import OrphanReaper
-from plugin.dra.registrar import Registrar, remove_own_socket
-from plugin.dra.service import DraServicer, RegistrationServicer
-from plugin.dra.slice import SliceFacts, resource_slice
-from plugin.endpoints import GrpcHealth, HttpEndpoints
-from plugin.health import HealthState
-from plugin.monitor import Monitor
-from plugin.probe_worker import ProbeWorker
-from plugin.version import source_commit, version
+from hv_device_plugin import logs, shutdown
+from hv_device_plugin.api import dra_pb2_grpc as dra_grpc
+from hv_device_plugin.api import drahealth_pb2_grpc as drahealth_grpc
+from hv_device_plugin.api.dra_wire import DRA_HEALTH_SERVICE_V1, DRA_SERVICE_V1
+from hv_device_plugin.api.names import DRA_SOCKET
+from hv_device_plugin.config import Config, DraConfig
+from hv_device_plugin.dra.allocation import ClaimError
+from hv_device_plugin.dra.claim_specs import ClaimSpecs
+from hv_device_plugin.dra.claims import ClaimStore
+from hv_device_plugin.dra.health_stream import DeviceHealthServicer
+from hv_device_plugin.dra.kubeapi import ApiAccess, ApiError, KubeApi
+from hv_device_plugin.dra.orphans import OrphanReaper
+from hv_device_plugin.dra.registrar import Registrar, remove_own_socket
+from hv_device_plugin.dra.service import DraServicer, RegistrationServicer
+from hv_device_plugin.dra.slice import SliceFacts, resource_slice
+from hv_device_plugin.endpoints import GrpcHealth, HttpEndpoints
+from hv_device_plugin.health import HealthState
+from hv_device_plugin.monitor import Monitor
+from hv_device_plugin.probe_worker import ProbeWorker
+from hv_device_plugin.version import source_commit, version
 
 STATE_FILE = "claims.json"
 PUBLISH_BACKOFF_S = (0.5, 30.0)

@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from plugin.api import drahealth_pb2 as hp
-from plugin.api import drahealth_pb2_grpc as hp_grpc
-from plugin.health import HealthState
+from hv_device_plugin.api import drahealth_pb2 as hp
+from hv_device_plugin.api import drahealth_pb2_grpc as hp_grpc
+from hv_device_plugin.health import HealthState
 
 
 class DeviceHealthServicer(hp_grpc.DRAResourceHealthServicer):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plugin.api.dra_wire import RESOURCE_API
+from hv_device_plugin.api.dra_wire import RESOURCE_API
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 MAX_RESPONSE = 16 << 20

@@ -22,12 +22,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from plugin.dra.allocation import ClaimSource
-from plugin.dra.claim_specs import ClaimSpecError
-from plugin.dra.claims import ClaimStateError, PreparedClaim
-from plugin.dra.kubeapi import ApiError
-from plugin.dra.service import DraServicer
-from plugin.logs import log, warn
+from hv_device_plugin.dra.allocation import ClaimSource
+from hv_device_plugin.dra.claim_specs import ClaimSpecError
+from hv_device_plugin.dra.claims import ClaimStateError, PreparedClaim
+from hv_device_plugin.dra.kubeapi import ApiError
+from hv_device_plugin.dra.service import DraServicer
+from hv_device_plugin.logs import log, warn
 
 ORPHAN_INTERVAL_S = 30.0
 # Until one pass has read every claim (the API server may come up after the driver: a node's

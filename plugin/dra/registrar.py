@@ -27,9 +27,9 @@ from pathlib import Path
 
 import grpc
 
-from plugin.api import pluginregistration_pb2_grpc as reg_grpc
-from plugin.dra.service import RegistrationServicer
-from plugin.logs import log, warn
+from hv_device_plugin.api import pluginregistration_pb2_grpc as reg_grpc
+from hv_device_plugin.dra.service import RegistrationServicer
+from hv_device_plugin.logs import log, warn
 
 CHECK_S = 1.0  # well inside the kubelet's wipe delay: re-registered before the slice goes
 LOST = "registration socket removed"

@@ -22,15 +22,15 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from plugin.api import dra_pb2 as dra
-from plugin.api import dra_pb2_grpc as dra_grpc
-from plugin.api import pluginregistration_pb2 as reg
-from plugin.api import pluginregistration_pb2_grpc as reg_grpc
-from plugin.api.dra_wire import DRA_SERVICE_V1, PLUGIN_TYPE_DRA
-from plugin.dra.allocation import ClaimError, ClaimRef, ClaimSource, allocated_devices
-from plugin.dra.claim_specs import ClaimSpecError, ClaimSpecs
-from plugin.dra.claims import ClaimStateError, ClaimStore, PreparedClaim, PreparedDevice
-from plugin.logs import log, warn
+from hv_device_plugin.api import dra_pb2 as dra
+from hv_device_plugin.api import dra_pb2_grpc as dra_grpc
+from hv_device_plugin.api import pluginregistration_pb2 as reg
+from hv_device_plugin.api import pluginregistration_pb2_grpc as reg_grpc
+from hv_device_plugin.api.dra_wire import DRA_SERVICE_V1, PLUGIN_TYPE_DRA
+from hv_device_plugin.dra.allocation import ClaimError, ClaimRef, ClaimSource, allocated_devices
+from hv_device_plugin.dra.claim_specs import ClaimSpecError, ClaimSpecs
+from hv_device_plugin.dra.claims import ClaimStateError, ClaimStore, PreparedClaim, PreparedDevice
+from hv_device_plugin.logs import log, warn
 
 MAX_CLAIMS = 256  # one pod's claims; the kubelet batches per pod
 

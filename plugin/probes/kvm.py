@@ -12,8 +12,8 @@ import os
 import time
 from collections.abc import Callable
 
-from plugin.device import CheckResult, describe_oserror
-from plugin.probes import IO, is_new_fd, open_fds
+from hv_device_plugin.device import CheckResult, describe_oserror
+from hv_device_plugin.probes import IO, is_new_fd, open_fds
 
 KVMIO = 0xAE
 KVM_GET_API_VERSION = IO(KVMIO, 0x00)

@@ -32,8 +32,8 @@ import struct
 import time
 from collections.abc import Callable
 
-from plugin.device import CheckResult, describe_oserror
-from plugin.probes import IOW, is_new_fd, open_fds
+from hv_device_plugin.device import CheckResult, describe_oserror
+from hv_device_plugin.probes import IOW, is_new_fd, open_fds
 
 MSHV_IOCTL = 0xB8
 

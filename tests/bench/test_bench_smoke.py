@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.bench.cli import MUST_HOLD, run
-from conformance.bench.report import compare, render_markdown
-from conformance.bench.waits import Plan
+from hvconform.bench.cli import MUST_HOLD, run
+from hvconform.bench.report import compare, render_markdown
+from hvconform.bench.waits import Plan
 
 needs_root_and_kvm = pytest.mark.skipif(
     os.geteuid() != 0 or not Path("/dev/kvm").exists(), reason="needs root and /dev/kvm"
@@ -55,7 +55,7 @@ def test_reader_classifies_reads_and_stamps_changes(tmp_path: Path) -> None:
     out, ready, done = tmp_path / "out.json", tmp_path / "ready", tmp_path / "done"
     proc = subprocess.Popen(
         [
-            *(sys.executable, "-m", "conformance.readstorm", str(target)),
+            *(sys.executable, "-m", "hvconform.readstorm", str(target)),
             *("--accept", str(good), "--accept", str(other), "--out", str(out)),
             *("--ready", str(ready), "--done", str(done), "--min-reads", "1000"),
         ]
@@ -78,13 +78,13 @@ def test_reader_classifies_reads_and_stamps_changes(tmp_path: Path) -> None:
 def test_loadgen_against_the_floor_server(tmp_path: Path) -> None:
     sock, out = tmp_path / "floor.sock", tmp_path / "load.json"
     server = subprocess.Popen(
-        [sys.executable, "-m", "conformance.bench.floor", str(sock), "--slots", "4"]
+        [sys.executable, "-m", "hvconform.bench.floor", str(sock), "--slots", "4"]
     )
     try:
         _wait(sock, 20)
         subprocess.run(
             [
-                *(sys.executable, "-m", "conformance.bench.loadgen", str(sock)),
+                *(sys.executable, "-m", "hvconform.bench.loadgen", str(sock)),
                 *("--concurrency", "3", "--requests", "30", "--warmup", "2", "--out", str(out)),
             ],
             check=True,

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from conformance.bench import cli
-from conformance.bench.report import figure, write_reports
-from conformance.bench.versus import merge, share, side_by_side
-from conformance.bench.waits import FULL, Plan
-from conformance.contract.plugin import load_profile
+from hvconform.bench import cli
+from hvconform.bench.report import figure, write_reports
+from hvconform.bench.versus import merge, share, side_by_side
+from hvconform.bench.waits import FULL, Plan
+from hvconform.contract.plugin import load_profile
 from tests.fixture_plugins import build_go_kvm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,7 +96,7 @@ def test_versus_refuses_a_bad_profile_or_an_unbuilt_command(tmp_path: Path) -> N
     unbuilt = tmp_path / "unbuilt.yaml"
     unbuilt.write_text('command: ["{profile_dir}/bin/nothing-here"]\n')
     for profile, words in ((bad, "command"), (unbuilt, "not an executable file")):
-        argv = [sys.executable, "-m", "conformance.cli", "bench", "--versus", str(profile)]
+        argv = [sys.executable, "-m", "hvconform.cli", "bench", "--versus", str(profile)]
         argv += ["--out", str(tmp_path / "out")]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO)
         assert done.returncode == 2, done.stderr

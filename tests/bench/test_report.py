@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from conformance.bench import cli
-from conformance.bench.report import (
+from hvconform.bench import cli
+from hvconform.bench.report import (
     SCHEMA,
     Better,
     Target,

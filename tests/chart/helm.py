@@ -1,6 +1,6 @@
 """The chart as the tests see it: `helm template` with values, parsed into objects.
 
-helm is the one conformance.manifests.chart finds (the nox session's, built from its Go
+helm is the one hvconform.manifests.chart finds (the nox session's, built from its Go
 module); a missing helm fails the tests, it never skips them.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from conformance.manifests.chart import chart_dir, helm_binary
+from hvconform.manifests.chart import chart_dir, helm_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = chart_dir()

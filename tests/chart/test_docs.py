@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conformance.manifests.chart import helm_binary
+from hvconform.manifests.chart import helm_binary
 from tests.chart.helm import ROOT
 from tests.container.documented import shell_commands
 

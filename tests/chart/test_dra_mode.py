@@ -11,10 +11,10 @@ from typing import Any
 
 import kubernetes_validate
 
-from conformance.manifests import check_policy
-from plugin.api.dra_wire import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
-from plugin.api.names import DRA_DRIVER, HYPERVISOR_RESOURCE
-from plugin.config import parse_config
+from hv_device_plugin.api.dra_wire import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
+from hv_device_plugin.api.names import DRA_DRIVER, HYPERVISOR_RESOURCE
+from hv_device_plugin.config import parse_config
+from hvconform.manifests import check_policy
 from tests.chart.helm import containers, template
 
 DRA = {"mode": "dra"}
@@ -94,7 +94,7 @@ def test_a_wider_grant_takes_the_token_away() -> None:
 
 
 def test_the_plugin_dirs_a_dra_driver_may_mount() -> None:
-    from conformance.manifests.policy import host_path_allowed
+    from hvconform.manifests.policy import host_path_allowed
 
     for good in ("/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/kvm.example.com",
                  "/var/snap/microk8s/common/var/lib/kubelet/plugins/d"):  # fmt: skip

@@ -9,10 +9,10 @@ import jsonschema
 import pytest
 import yaml
 
-from conformance.manifests import TARGETS
-from conformance.manifests.values_table import value_leaves, values_table
-from plugin.api.names import DEVICE_ACCESS_RESOURCE, PLUGIN_IMAGE_REPOSITORY
-from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
+from hv_device_plugin.api.names import DEVICE_ACCESS_RESOURCE, PLUGIN_IMAGE_REPOSITORY
+from hv_device_plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
+from hvconform.manifests import TARGETS
+from hvconform.manifests.values_table import value_leaves, values_table
 from tests.chart.helm import (
     CHART,
     DEFAULTS,
@@ -79,7 +79,7 @@ def test_every_value_is_described() -> None:
 
 @pytest.mark.parametrize("readme", ["README.md", "charts/hv-device-plugin/README.md"])
 def test_values_table_in_readme_is_generated_from_the_schema(readme: str) -> None:
-    """Regenerate with `python -m conformance.manifests.values_table`."""
+    """Regenerate with `python -m hvconform.manifests.values_table`."""
     text = (ROOT / readme).read_text()
     table = values_table()
     assert table in text, f"{readme}: the values table differs from values.schema.json"
@@ -87,7 +87,7 @@ def test_values_table_in_readme_is_generated_from_the_schema(readme: str) -> Non
 
 
 def test_chart_facts_are_the_plugins() -> None:
-    """The chart cannot import Python: its paths and names are checked against plugin.api."""
+    """The chart cannot import Python: its paths and names are checked against hv_device_plugin.api."""
     objs = template()
     assert DEFAULTS["image"]["repository"] == PLUGIN_IMAGE_REPOSITORY
     for component, c in containers(objs):

@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from conformance.manifests.policy import check_policy
+from hvconform.manifests.policy import check_policy
 
 K0S = "/var/lib/k0s/kubelet"
 MICROK8S = "/var/snap/microk8s/common/var/lib/kubelet"
@@ -18,7 +18,7 @@ MICROK8S = "/var/snap/microk8s/common/var/lib/kubelet"
 
 def render(*extra: str) -> list[dict[str, object]]:
     out = subprocess.run(
-        [sys.executable, "-m", "conformance.cli", "manifests", "--target", "kind", *extra],
+        [sys.executable, "-m", "hvconform.cli", "manifests", "--target", "kind", *extra],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     return [d for d in yaml.safe_load_all(out) if d]
@@ -57,7 +57,7 @@ def test_the_default_is_the_standard_kubelet_root() -> None:
 @pytest.mark.parametrize("root", ["/proc/1/root", "relative/dir", "/var/lib/../../etc"])
 def test_an_unusable_root_is_refused_with_one_line(root: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "conformance.cli", "manifests", "--target", "kind",
+        [sys.executable, "-m", "hvconform.cli", "manifests", "--target", "kind",
          "--kubelet-root-dir", root],
         capture_output=True, text=True,
     )  # fmt: skip

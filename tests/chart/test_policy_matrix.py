@@ -11,8 +11,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from conformance.manifests import check_policy
-from plugin.config import parse_config
+from hv_device_plugin.config import parse_config
+from hvconform.manifests import check_policy
 from tests.chart.helm import containers, daemonsets, template
 
 DIGEST = "sha256:" + "d" * 64

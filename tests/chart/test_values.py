@@ -11,7 +11,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from conformance.manifests import DEFAULT_POOL_TAINT, TARGETS
+from hvconform.manifests import DEFAULT_POOL_TAINT, TARGETS
 from tests.chart.helm import CHART, DEFAULTS, NAMESPACE, ROOT, SCHEMA, refusal, run_helm
 
 DIGEST = "sha256:" + "e" * 64

@@ -12,7 +12,7 @@ from typing import Any
 
 from asyncinotify import Event, Inotify, Mask
 
-from conformance.kubelet import (
+from hvconform.kubelet import (
     KubeletEmulator,
 )
 from tests.conformance.minimal_plugin import MinimalPlugin

@@ -1,6 +1,6 @@
 """hvconform on careless and hostile input: exit 2, one line on stderr, no traceback, nothing written.
 
-Every case runs the real command line (`python -m conformance.cli`) in a child process, so what
+Every case runs the real command line (`python -m hvconform.cli`) in a child process, so what
 is asserted is exactly what a person at a terminal sees.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.metadata.rules import dump_snapshot, snapshot
+from hvconform.metadata.rules import dump_snapshot, snapshot
 from tests.report.conftest import FIXTURES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ DEEP = "[" * 100_000 + "]" * 100_000
 def hvconform(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HV_")}
     return subprocess.run(
-        [sys.executable, "-m", "conformance.cli", *args],
+        [sys.executable, "-m", "hvconform.cli", *args],
         cwd=cwd,
         env={**env, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -140,7 +140,7 @@ def test_marker_syntax_error_leaves_latest_untouched(tmp_path: Path) -> None:
 
 
 def test_version_names_version_and_commit() -> None:
-    from plugin.api.names import installed_version
+    from hv_device_plugin.api.names import installed_version
 
     proc = hvconform("--version")
     assert proc.returncode == 0, proc.stderr

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.results import CheckRecord, Status
-from conformance.scenarios import CLEANUP
-from conformance.suite.session_checks import cluster_report as _cluster_report
+from hvconform.contract.results import CheckRecord, Status
+from hvconform.scenarios import CLEANUP
+from hvconform.suite.session_checks import cluster_report as _cluster_report
 
 VERIFIED = {
     "objects deleted": {"ok": True, "detail": "7 created, still present: none"},

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conformance.contract.base import discover_spec, specs_declaring
+from hvconform.contract.base import discover_spec, specs_declaring
 
 KIND = "hyperlight.dev/hypervisor"
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from conformance.contract.dra import CAP_DRA, plugin_api
-from conformance.contract.dra_profile import API_DEVICE_PLUGIN, API_DRA
-from conformance.contract.plugin import SHIPPED_DRA, PluginUnderTest, ProfileError, load_profile
-from conformance.scenarios import BY_ID, CATALOGUE, readme_table
-from conformance.targets.honour import refusal
+from hvconform.contract.dra import CAP_DRA, plugin_api
+from hvconform.contract.dra_profile import API_DEVICE_PLUGIN, API_DRA
+from hvconform.contract.plugin import SHIPPED_DRA, PluginUnderTest, ProfileError, load_profile
+from hvconform.scenarios import BY_ID, CATALOGUE, readme_table
+from hvconform.targets.honour import refusal
 
 
 def _write(tmp_path: Path, dra: str) -> Path:

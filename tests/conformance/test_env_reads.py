@@ -1,5 +1,5 @@
 """No environment variable a user sets for a run is read after the CLI (issue 37): each is a
-typed field (the run context, `conformance.contract.settings.RunSettings`, the parser's flag
+typed field (the run context, `hvconform.contract.settings.RunSettings`, the parser's flag
 defaults), read once by the CLI. An AST scan of every module lists each read of a named
 variable (`os.environ.get(NAME)`, `os.environ[NAME]`, `os.getenv(NAME)`); outside the CLIs and
 the settings module each must be one of the reads below, with why it is not a run's setting.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from conformance.contract import settings
+from hvconform.contract import settings
 
 ROOT = Path(__file__).resolve().parents[2] / "conformance"
 # The CLIs read their flags' environment defaults, the settings module its own fields.
@@ -94,7 +94,7 @@ def test_no_run_setting_is_read_after_the_cli() -> None:
     unexpected = {p: n for p, n in unexpected.items() if n}
     assert not unexpected, (
         f"environment reads after the CLI: {unexpected}; make each a typed field "
-        "(conformance.contract.settings, or a flag with its environment default)"
+        "(hvconform.contract.settings, or a flag with its environment default)"
     )
     stale = {p: sorted(set(v) - set(found.get(p, []))) for p, v in ALLOWED.items()}
     assert not {p: v for p, v in stale.items() if v}, f"allowed but no longer read: {stale}"
@@ -109,7 +109,7 @@ def test_the_scan_finds_each_form_of_read() -> None:
 
 
 def test_every_run_setting_has_its_variable_and_travels_in_the_context() -> None:
-    from conformance.contract.runcontext import RunContext
+    from hvconform.contract.runcontext import RunContext
 
     env = {var: f"/x/{name}" for name, (var, _) in settings.ENV.items()}
     read = settings.RunSettings.from_env(env)
@@ -120,8 +120,8 @@ def test_every_run_setting_has_its_variable_and_travels_in_the_context() -> None
 
 
 def _minimal_context() -> dict[str, object]:
-    from conformance.contract.plugin import resolve
-    from conformance.contract.runcontext import SCHEMA
+    from hvconform.contract.plugin import resolve
+    from hvconform.contract.runcontext import SCHEMA
 
     plugin = resolve().to_json()
     return {"schema": SCHEMA, "run_id": "r", "out_dir": "/tmp/r", "target": "local",

@@ -1,4 +1,4 @@
-"""A check's plugin log survives a restore that replaces the plugin (conformance.suite.evidence).
+"""A check's plugin log survives a restore that replaces the plugin (hvconform.suite.evidence).
 
 Where the evidence is cut by anchor (a pod's log, a container's), the restore may restart the
 plugin: a CI run lost the log of a plugin that failed restart-kubelet because the restore
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from conformance.suite import evidence
+from hvconform.suite import evidence
 
 
 @dataclass

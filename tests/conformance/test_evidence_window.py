@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.contract.results import validate_results
+from hvconform.contract.results import validate_results
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.kvm
 def test_each_evidence_file_covers_only_its_checks_window(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "conformance.cli", "run", "--out", str(out)]
+    cmd = [sys.executable, "-m", "hvconform.cli", "run", "--out", str(out)]
     cmd += ["--reports-root", str(tmp_path), "--", "-k", "cdi-missing or cdi-stale"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     output = proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""Tests for conformance.guest: real KVM guests, real subprocesses, real device nodes."""
+"""Tests for hvconform.guest: real KVM guests, real subprocesses, real device nodes."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.wait import wait_for
-from conformance.guest import kvm_guest
-from conformance.guest.kvm_guest import (
+from hvconform.contract.wait import wait_for
+from hvconform.guest import kvm_guest
+from hvconform.guest.kvm_guest import (
     COUNTER_ADDR,
     COUNTER_CODE,
     GUEST_BASE,
@@ -29,7 +29,7 @@ from conformance.guest.kvm_guest import (
     run_counter,
     run_guest,
 )
-from conformance.targets.local.runtime import guest_command
+from hvconform.targets.local.runtime import guest_command
 from tests.conformance.guest_specs import write_spec as _spec
 from tests.conformance.process_guard import children, no_leftover_processes  # noqa: F401
 
@@ -66,7 +66,7 @@ def _mknod(path: Path, major: int, minor: int, owner: int = 0) -> Path:
 
 def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "conformance.guest", *args]
+    cmd = [sys.executable, "-m", "hvconform.guest", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
 
 
@@ -246,7 +246,7 @@ def _read_state(path: Path) -> dict[str, Any] | None:
 def test_counter_rises_and_stops_on_sigterm(node_dir: Path) -> None:
     state_file = node_dir / "state.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "conformance.guest", "counter", "--device", KVM]
+    cmd = [sys.executable, "-m", "hvconform.guest", "counter", "--device", KVM]
     cmd += ["--state-file", str(state_file), "--interval", "0.02"]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
     seen: list[int] = []

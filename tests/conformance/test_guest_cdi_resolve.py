@@ -1,4 +1,4 @@
-"""Tests for conformance.guest.cdi_resolve (the CDI resolution the runtime emulation uses) and
+"""Tests for hvconform.guest.cdi_resolve (the CDI resolution the runtime emulation uses) and
 the guest package's standard-library-only rule."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.guest.cdi_resolve import (
+from hvconform.guest.cdi_resolve import (
     CDIRegistry,
     UnresolvableCDIDevice,
     parse_qualified_name,
@@ -112,5 +112,5 @@ def test_guest_package_imports_only_the_standard_library() -> None:
                 continue
             for name in names:
                 top = name.split(".")[0]
-                allowed = top in sys.stdlib_module_names or name.startswith("conformance.guest")
+                allowed = top in sys.stdlib_module_names or name.startswith("hvconform.guest")
                 assert allowed, f"{source.name} imports {name}"

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.dra_profile import API_DEVICE_PLUGIN
-from conformance.contract.results import validate_results
-from conformance.scenarios import judging
+from hvconform.contract.dra_profile import API_DEVICE_PLUGIN
+from hvconform.contract.results import validate_results
+from hvconform.scenarios import judging
 
 ROOT = Path(__file__).resolve().parents[2]
 EVERY_CHECK = [c.id for c in judging(API_DEVICE_PLUGIN)] + [
@@ -34,7 +34,7 @@ def hvconform(tmp_path: Path, *args: str, plugin: str = "") -> tuple[int, dict[s
     cmd = [
         sys.executable,
         "-m",
-        "conformance.cli",
+        "hvconform.cli",
         "run",
         "--out",
         str(out),

@@ -1,8 +1,8 @@
-"""Image references, one definition (conformance.contract.imageref) checked where each enters.
+"""Image references, one definition (hvconform.contract.imageref) checked where each enters.
 
 The grammar is distribution/reference's; the table holds what it accepts and what it refuses,
 also through the places that delegate to it (a profile's deploy.image, the chart values, the
-cluster options). The command line runs for real (`python -m conformance.cli`): a bad --image or
+cluster options). The command line runs for real (`python -m hvconform.cli`): a bad --image or
 --guest-image, on the container runtime and on a cluster dry run, is exit 2 and one line before
 anything runs (before this, `--image $'bad\\nimage:1'` on `--runtime container` ran for 101 s,
 built images and ended in a traceback; a newline in --guest-image faked plan lines).
@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conformance.contract import imageref
-from conformance.contract.cluster_options import ClusterOptions
-from conformance.contract.deploy import image_problem
-from conformance.contract.imageref import ImageRef, ImageRefError
-from conformance.contract.plugin import ProfileError, load_profile
-from conformance.manifests.render import ManifestError, check_image, image_values
+from hvconform.contract import imageref
+from hvconform.contract.cluster_options import ClusterOptions
+from hvconform.contract.deploy import image_problem
+from hvconform.contract.imageref import ImageRef, ImageRefError
+from hvconform.contract.plugin import ProfileError, load_profile
+from hvconform.manifests.render import ManifestError, check_image, image_values
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECONFIG = ROOT / "fixtures" / "plans" / "kubeconfig.yaml"
@@ -111,7 +111,7 @@ INVALID: dict[str, str] = {
 def hvconform(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("HV_")}
     return subprocess.run(
-        [sys.executable, "-m", "conformance.cli", *args],
+        [sys.executable, "-m", "hvconform.cli", *args],
         cwd=ROOT,
         env={**clean, "PYTHONPATH": str(ROOT), **(env or {})},
         capture_output=True,

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conformance.bench.report import SCHEMA, compare, compare_warnings, load_report, render_compare
-from conformance.contract import strict_json
-from conformance.metadata.rules import (
+from hvconform.bench.report import SCHEMA, compare, compare_warnings, load_report, render_compare
+from hvconform.contract import strict_json
+from hvconform.metadata.rules import (
     KINDS,
     VERSION,
     MetadataInputError,
@@ -29,7 +29,7 @@ from conformance.metadata.rules import (
     parse_snapshot_text,
     snapshot,
 )
-from conformance.metadata.rules import SCHEMA as METADATA_SCHEMA
+from hvconform.metadata.rules import SCHEMA as METADATA_SCHEMA
 
 SETTINGS = settings(
     database=None,

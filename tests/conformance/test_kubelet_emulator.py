@@ -9,15 +9,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conformance.kubelet import (
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hvconform.kubelet import (
     AllocationRecord,
     EventKind,
     WaitTimeout,
     is_extended_resource_name,
 )
-from conformance.kubelet import checkpoint as ckpt
-from conformance.kubelet.validation import go_join, go_quote
-from plugin.api import deviceplugin_pb2 as pb
+from hvconform.kubelet import checkpoint as ckpt
+from hvconform.kubelet.validation import go_join, go_quote
 from tests.conformance.emulator_support import (
     RES,
     bind_dead_socket,

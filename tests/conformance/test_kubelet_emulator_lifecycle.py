@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from asyncinotify import Inotify, Mask
 
-from conformance.kubelet import (
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hvconform.kubelet import (
     PHASE_FAILED,
     PHASE_PENDING,
     PHASE_RUNNING,
@@ -26,8 +27,7 @@ from conformance.kubelet import (
     KubeletEmulator,
     ThreadedKubeletEmulator,
 )
-from conformance.kubelet.sockets import KubeletSocket
-from plugin.api import deviceplugin_pb2 as pb
+from hvconform.kubelet.sockets import KubeletSocket
 from tests.conformance.emulator_support import (
     MINIMAL_PLUGIN,
     RES,
@@ -331,7 +331,7 @@ def test_crash_without_hard_link_still_leaves_socket(
 
 
 def test_the_loop_names_a_task_left_running_but_not_one_on_its_last_step() -> None:
-    from conformance.kubelet import LoopThread
+    from hvconform.kubelet import LoopThread
 
     lt = LoopThread()
 

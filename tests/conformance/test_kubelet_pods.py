@@ -10,10 +10,10 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from conformance.kubelet import PHASE_FAILED, PHASE_RUNNING, REASON_ADMISSION, KubeletEmulator
-from conformance.kubelet import checkpoint as checkpoint_file
-from conformance.kubelet.pods import PodRecord
-from plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hvconform.kubelet import PHASE_FAILED, PHASE_RUNNING, REASON_ADMISSION, KubeletEmulator
+from hvconform.kubelet import checkpoint as checkpoint_file
+from hvconform.kubelet.pods import PodRecord
 from tests.conformance.emulator_support import RES, device_plugin, kubelet, run
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.scenarios import readme_table
+from hvconform.scenarios import readme_table
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(
@@ -71,5 +71,34 @@ def test_the_target_registry_imports_only_the_standard_library() -> None:
 
 def test_readme_check_table_is_generated_from_the_catalogue() -> None:
     readme = (ROOT / "README.md").read_text()
-    hint = "regenerate it from conformance.scenarios.readme_table()"
+    hint = "regenerate it from hvconform.scenarios.readme_table()"
     assert readme_table() in readme, hint
+
+
+def _absolute_imports(path: Path) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def test_nothing_imports_a_folder_name() -> None:
+    # The folders plugin/ and conformance/ install as hv_device_plugin and hvconform (issue 36:
+    # generic top-level names collide with other distributions). From a checkout on sys.path a
+    # folder's name would still import, as a second copy of every module, so it never may.
+    files = [
+        *SOURCES,
+        *sorted((ROOT / "tests").rglob("*.py")),
+        *sorted((ROOT / "tools").glob("*.py")),
+    ]
+    old = {"plugin", "conformance"}
+    hits = [
+        f"{p.relative_to(ROOT)}:{line}: {name}"
+        for p in files
+        for line, name in _absolute_imports(p)
+        if name.split(".")[0] in old
+    ]
+    assert hits == []

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.contract.ledger import Entry, mounts_at, still_present
+from hvconform.contract.ledger import Entry, mounts_at, still_present
 
 pytestmark = pytest.mark.root
 

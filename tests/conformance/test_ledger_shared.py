@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from conformance.contract.ledger import Entry, survivors
+from hvconform.contract.ledger import Entry, survivors
 
 SHARED = "shared; removed by the last user"
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from conformance.metadata import cli as metadata_cli
-from conformance.metadata import rules as metadata
-from conformance.metadata.rules import Context, MetadataInputError, Snapshot, Verdict, Violation
+from hvconform.metadata import cli as metadata_cli
+from hvconform.metadata import rules as metadata
+from hvconform.metadata.rules import Context, MetadataInputError, Snapshot, Verdict, Violation
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "fixtures" / "metadata"
@@ -228,9 +228,9 @@ def test_group_lookup_from_stdin(
         capsys.readouterr()
 
 
-@pytest.mark.parametrize("entry", ["conformance.metadata.cli", "conformance.cli"])
+@pytest.mark.parametrize("entry", ["hvconform.metadata.cli", "hvconform.cli"])
 def test_cli_as_a_process(entry: str, tmp_path: Path) -> None:
-    """`python -m`: conformance.cli needs the lead's `register` line in cli_parser._subcommands()."""
+    """`python -m`: hvconform.cli needs the lead's `register` line in cli_parser._subcommands()."""
     case = CASES["startup-mode-changed"]
     argv = [sys.executable, "-m", entry, *cli_argv(case, tmp_path)]
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=60)

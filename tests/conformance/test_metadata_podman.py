@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.metadata.rules import load_snapshot, snapshot
-from conformance.metadata.twophase import TwoPhase
+from hvconform.metadata.rules import load_snapshot, snapshot
+from hvconform.metadata.twophase import TwoPhase
 from tests.plugin.test_cdi_podman import (
     INSTALL_HINT,
     cgroup_mounts,
@@ -88,7 +88,7 @@ class Harness:
         return proc.stdout
 
     def cli(self, *args: str) -> tuple[int, str]:
-        argv = [sys.executable, "-m", "conformance.metadata.cli", *args]
+        argv = [sys.executable, "-m", "hvconform.metadata.cli", *args]
         proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=60)
         return proc.returncode, proc.stdout + proc.stderr
 

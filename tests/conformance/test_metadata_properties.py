@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from conformance.metadata.rules import (
+from hvconform.metadata.rules import (
     KINDS,
     MAX_DEVNUM,
     MAX_ID,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.metadata.rules import MetadataInputError, snapshot
-from conformance.metadata.twophase import CHECK_ID, TwoPhase
+from hvconform.metadata.rules import MetadataInputError, snapshot
+from hvconform.metadata.twophase import CHECK_ID, TwoPhase
 
 pytestmark = [pytest.mark.root]
 
@@ -125,7 +125,7 @@ def test_phases_before_the_original_snapshot_are_errors(node: Path) -> None:
 
 
 def test_agrees_with_the_local_target_metadata(node: Path) -> None:
-    from conformance.targets.local.hostfiles import device_metadata
+    from hvconform.targets.local.hostfiles import device_metadata
 
     snap = snapshot(str(node)).to_json()
     expected = {**device_metadata(str(node)), "mode": f"{0o600:04o}"}

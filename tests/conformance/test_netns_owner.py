@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.contract.ledger import SHARED_OWNERS_XATTR
+from hvconform.contract.ledger import SHARED_OWNERS_XATTR
 from tests.conformance.process_guard import no_leftover_processes  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,8 +60,8 @@ sys.stdin.read()
 def role(argv: list[str]) -> None:
     """A process of the run inside the namespace: `owner LEDGER_DIR` (the controller) or
     `worker NAME LEDGER` (an xdist worker using /run/netns for one network namespace)."""
-    from conformance.contract.ledger import Ledger, read_entries
-    from conformance.targets.local import netns
+    from hvconform.contract.ledger import Ledger, read_entries
+    from hvconform.targets.local import netns
 
     if argv[0] == "owner":
         owner = netns.RunOwner()

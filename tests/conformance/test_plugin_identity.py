@@ -17,14 +17,16 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.plugin import PluginUnderTest, resolve
-from conformance.contract.ran import PluginRan
-from conformance.contract.results import CheckRecord, validate_results
-from conformance.suite import identity, session_checks
+from hvconform.contract.plugin import PluginUnderTest, resolve
+from hvconform.contract.ran import PluginRan
+from hvconform.contract.results import CheckRecord, validate_results
+from hvconform.suite import identity, session_checks
 
-OURS = resolve()  # the shipped profile: {python} -m plugin ... --health-addr {health_addr}
+OURS = (
+    resolve()
+)  # the shipped profile: {python} -m hv_device_plugin ... --health-addr {health_addr}
 DIGEST = "sha256:" + "a" * 64
-ARGV = (sys.executable, "-m", "plugin", "--host-dev-dir", "/host-dev", "--health-addr")
+ARGV = (sys.executable, "-m", "hv_device_plugin", "--host-dev-dir", "/host-dev", "--health-addr")
 
 
 def profile(command: tuple[str, ...], image: str = "") -> PluginUnderTest:
@@ -42,7 +44,7 @@ def process(*argv: str) -> PluginRan:
         (process(*ARGV, "10.231.7.2:8080"), OURS.command, True),
         # the harness appended or substituted nothing: any other argv is not the profile's
         (process(*ARGV, "10.231.7.2:8080", "--slots", "9"), OURS.command, False),
-        (process("/usr/bin/python3", "-m", "plugin"), OURS.command, False),
+        (process("/usr/bin/python3", "-m", "hv_device_plugin"), OURS.command, False),
         (process("/opt/other/plugin", "-v=2"), ("/opt/acme/plugin", "-v=2"), False),
         (process("/opt/acme/plugin", "-v=2"), ("/opt/acme/plugin", "-v=2"), True),
         # a script runs under its #! interpreter, which the kernel puts first

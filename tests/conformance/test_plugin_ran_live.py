@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.results import validate_results
-from plugin.api.names import installed_version
+from hv_device_plugin.api.names import installed_version
+from hvconform.contract.results import validate_results
 from tests.fixture_plugins import GO_KVM_DIR, build_go_kvm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ HEALTH_ADDR = re.compile(r"10\.231\.\d+\.2:8080")
 def run(tmp_path: Path, *args: str) -> tuple[dict[str, Any], str]:
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "conformance.cli", "run", "--out", str(out),
+        [sys.executable, "-m", "hvconform.cli", "run", "--out", str(out),
          "--reports-root", str(tmp_path), *args, "--", "-k", "cdi-missing"],
         capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
     )  # fmt: skip
@@ -61,7 +61,7 @@ def test_our_plugins_argv_is_read_back_from_its_process(tmp_path: Path) -> None:
     ran = reads(data)
     argv = ran[0]["argv"]
     # The shipped profile's command as the target filled it: the health address is its own.
-    assert argv[:-1] == [sys.executable, "-m", "plugin", "--host-dev-dir", "/host-dev",
+    assert argv[:-1] == [sys.executable, "-m", "hv_device_plugin", "--host-dev-dir", "/host-dev",
                          "--health-addr"], argv  # fmt: skip
     assert HEALTH_ADDR.fullmatch(argv[-1]), argv
     assert Path(ran[0]["exe"]).resolve() == Path(sys.executable).resolve()
@@ -69,7 +69,7 @@ def test_our_plugins_argv_is_read_back_from_its_process(tmp_path: Path) -> None:
     assert data["environment"]["plugin_version"] == installed_version()
     env = environment(report)
     assert f"- Plugin: hv-device-plugin {installed_version()} (this repository's plugin)" in env
-    quoted = shlex.join([sys.executable, "-m", "plugin", "--host-dev-dir"])
+    quoted = shlex.join([sys.executable, "-m", "hv_device_plugin", "--host-dev-dir"])
     assert f"- Plugin ran: process {quoted}" in env
 
 

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conformance.contract.plugin import ProfileError, load_profile, parse_profile
+from hvconform.contract.plugin import ProfileError, load_profile, parse_profile
 
-HVCONFORM = [sys.executable, "-m", "conformance.cli"]
+HVCONFORM = [sys.executable, "-m", "hvconform.cli"]
 SETTINGS = settings(
     database=None,
     deadline=None,
@@ -153,8 +153,8 @@ def test_a_probe_redirect_is_not_followed(tmp_path: Path) -> None:
     import http.server
     import threading
 
-    from conformance.contract.plugin import Probe
-    from conformance.targets.local.observe import Observer
+    from hvconform.contract.plugin import Probe
+    from hvconform.targets.local.observe import Observer
 
     class Redirect(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:

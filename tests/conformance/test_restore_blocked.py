@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 import yaml
 
-from conformance.contract.plugin import SHIPPED, load_profile
-from conformance.contract.results import validate_results
-from conformance.targets.local.liveness import kubelet_live
+from hvconform.contract.plugin import SHIPPED, load_profile
+from hvconform.contract.results import validate_results
+from hvconform.targets.local.liveness import kubelet_live
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "conformance.cli", "run", "--out", str(out)]
+    cmd = [sys.executable, "-m", "hvconform.cli", "run", "--out", str(out)]
     cmd += ["--reports-root", str(tmp_path), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     results = out / "results.json"

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.ledger import Ledger, read_entries, survivors
-from conformance.contract.wait import wait_for
-from conformance.guest.cdi_resolve import UnresolvableCDIDevice
-from conformance.targets.local.procs import alive
-from conformance.targets.local.runtime import (
+from hvconform.contract.ledger import Ledger, read_entries, survivors
+from hvconform.contract.wait import wait_for
+from hvconform.guest.cdi_resolve import UnresolvableCDIDevice
+from hvconform.targets.local.procs import alive
+from hvconform.targets.local.runtime import (
     WorkloadStartError,
     guest_command,
     run_workload,

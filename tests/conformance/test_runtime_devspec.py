@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.ledger import Ledger, read_entries, survivors
-from conformance.contract.node import DeviceSpec
-from conformance.targets.local.runtime import (
+from hvconform.contract.ledger import Ledger, read_entries, survivors
+from hvconform.contract.node import DeviceSpec
+from hvconform.targets.local.runtime import (
     WorkloadStartError,
     guest_command,
     run_workload,

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from conformance.contract.runtime_facts import (
+from hvconform.contract.runtime_facts import (
     SEPARATOR,
     RuntimeFactsError,
     cdi_off,
     from_crictl,
     from_output,
 )
-from conformance.report.env_facts import rows
+from hvconform.report.env_facts import rows
 
 RECORDED = Path(__file__).resolve().parents[2] / "fixtures" / "contracts" / "crictl"
 VERSION = (RECORDED / "containerd-1.7.24-version.txt").read_text()

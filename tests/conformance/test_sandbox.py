@@ -15,17 +15,17 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.ledger import Ledger, read_entries, survivors
-from conformance.targets.local.launcher import LAUNCHER
-from conformance.targets.local.netns import (
+from hvconform.contract.ledger import Ledger, read_entries, survivors
+from hvconform.targets.local.launcher import LAUNCHER
+from hvconform.targets.local.netns import (
     SHARED,
     IndexInUseError,
     NetNamespace,
     run_dir_shared,
     worker_index,
 )
-from conformance.targets.local.procs import alive, mount_points
-from conformance.targets.local.sandbox import PluginSandbox
+from hvconform.targets.local.procs import alive, mount_points
+from hvconform.targets.local.sandbox import PluginSandbox
 from tests.conformance.process_guard import children, no_leftover_processes  # noqa: F401
 
 KVM = "/dev/kvm"

@@ -1,5 +1,5 @@
 """Only the targets know their names (issue 37): outside `conformance/targets/`, code acts on a
-target's traits (conformance.targets.Target: serial, host_metadata, pool, cluster, runtimes)
+target's traits (hvconform.targets.Target: serial, host_metadata, pool, cluster, runtimes)
 or on its typed options, never on `target == "kind"`. An AST scan of every module: a comparison
 of something named like a target with a target's name (or a tuple of them) is a finding. What
 is still left to move is listed, each with its place in the redesign; the list may only shrink
@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from conformance.targets import TARGETS
+from hvconform.targets import TARGETS
 
 ROOT = Path(__file__).resolve().parents[2] / "conformance"
 NAMES = set(TARGETS)

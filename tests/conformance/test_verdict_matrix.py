@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from conformance.contract.plugin import load_profile
-from conformance.contract.results import validate_results
+from hvconform.contract.plugin import load_profile
+from hvconform.contract.results import validate_results
 from tests.fixture_plugins import build_go_kvm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ def _variant(tmp_path: Path, env: dict[str, str], readiness: str = "") -> Path:
 
 def _run(tmp_path: Path, profile: Path, selection: str, recovery: str = "60") -> dict[str, Any]:
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "conformance.cli", "run", "--out", str(out)]
+    cmd = [sys.executable, "-m", "hvconform.cli", "run", "--out", str(out)]
     cmd += ["--reports-root", str(tmp_path), "--plugin-profile", str(profile)]
     # A defect variant never recovers from some faults: its runs bound each of those waits (as
     # the mutant tests do); the others keep the default, so a loaded machine cannot fail them.

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.plugin import load_profile
-from conformance.contract.results import validate_results
+from hvconform.contract.plugin import load_profile
+from hvconform.contract.results import validate_results
 from tests.fixture_plugins import build_go_devspec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ def _run(tmp_path: Path) -> dict[str, Any]:
     plugin = load_profile(PROFILE)
     assert plugin.readiness.type == plugin.liveness.type == "none"
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "conformance.cli", "run", "--out", str(out)]
+    cmd = [sys.executable, "-m", "hvconform.cli", "run", "--out", str(out)]
     cmd += ["--reports-root", str(tmp_path), "--plugin-profile", str(PROFILE)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     results = out / "results.json"

@@ -13,8 +13,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from conformance.targets.container.engine import DockerEngine
-from conformance.targets.container.images import ImageSet, ensure_images, export_rootfs
+from hvconform.targets.container.engine import DockerEngine
+from hvconform.targets.container.images import ImageSet, ensure_images, export_rootfs
 from tests.container.fixture_image import FixtureImage, ensure_go_kvm_image
 
 INSTALL_HINT = "scripts/bootstrap (apt-get install docker.io debootstrap podman)"

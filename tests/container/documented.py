@@ -23,9 +23,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from conformance.targets.container import images as img
-from conformance.targets.container.engine import DockerEngine
-from conformance.targets.container.images import BuiltImage, ImageSet
+from hvconform.targets.container import images as img
+from hvconform.targets.container.engine import DockerEngine
+from hvconform.targets.container.images import BuiltImage, ImageSet
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = (

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 
 import docker
 
-from conformance.contract.plugin import load_profile
-from conformance.targets.container.images import CACHE_DIR, KEY_LABEL
+from hvconform.contract.plugin import load_profile
+from hvconform.targets.container.images import CACHE_DIR, KEY_LABEL
 from tests.fixture_plugins import GO_KVM_DIR, build_go_kvm
 
 if TYPE_CHECKING:
-    from conformance.targets.container.engine import DockerEngine
+    from hvconform.targets.container.engine import DockerEngine
 
 PROFILE = GO_KVM_DIR / "profile.yaml"
 BINARY_AT = "usr/local/bin/go-kvm"
@@ -101,7 +101,7 @@ def ensure_in_engine(engine: DockerEngine) -> FixtureImage:
 
 def ensure_in_suite_engine() -> FixtureImage:
     """ensure_go_kvm_image in the suite's engine, started and released here."""
-    from conformance.targets.container.engine import DockerEngine
+    from hvconform.targets.container.engine import DockerEngine
 
     with DockerEngine(what="fixture image") as engine:
         return ensure_in_engine(engine)

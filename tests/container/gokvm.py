@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from conformance.contract.plugin import load_profile
-from conformance.contract.results import validate_results
+from hvconform.contract.plugin import load_profile
+from hvconform.contract.results import validate_results
 from tests.fixture_plugins import GO_KVM_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +77,7 @@ def run_container(
     """`hvconform run --runtime container` (the shipped profile when `profile` is None);
     results.json, validated, with the output tail under "_output"."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "conformance.cli", "run", "--runtime", "container"]
+    cmd = [sys.executable, "-m", "hvconform.cli", "run", "--runtime", "container"]
     cmd += ["--out", str(out), "--reports-root", str(tmp_path), "--recovery-timeout", recovery]
     cmd += ["--plugin-profile", str(profile)] if profile else []
     cmd += ["-m", selection] if selection else []

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.manifests import render_objects
+from hvconform.manifests import render_objects
 from tests.container import registry
 from tests.container.documented import (  # noqa: F401 - builds is the fixture
     Builds,

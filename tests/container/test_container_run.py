@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conformance.contract.plugin import SHIPPED, resolve
+from hvconform.contract.plugin import SHIPPED, resolve
 from tests.container.fixture_image import FixtureImage
 from tests.container.gokvm import run_container, statuses, target_report, variant_profile
 

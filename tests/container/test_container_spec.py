@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from conformance.contract.errors import Unhonoured
-from conformance.contract.plugin import PluginUnderTest, load_profile, resolve
-from conformance.targets.container.spec import container_spec, expand, health_port
+from hvconform.contract.errors import Unhonoured
+from hvconform.contract.plugin import PluginUnderTest, load_profile, resolve
+from hvconform.targets.container.spec import container_spec, expand, health_port
 from tests.container.gokvm import PROFILE as GO_KVM_PROFILE
 
 CONTAINER: dict[str, Any] = {

@@ -8,8 +8,8 @@ import tarfile
 import docker
 import pytest
 
-from conformance.targets.container import images as img
-from conformance.targets.container.images import ImageSet
+from hvconform.targets.container import images as img
+from hvconform.targets.container.images import ImageSet
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -58,7 +58,7 @@ def test_guest_image_runs_as_nobody_and_is_stdlib_only(
 ) -> None:
     config = client.images.get(images.guest.id).attrs["Config"]
     assert config["User"] == "65534:65534"
-    assert config["Entrypoint"] == ["python3", "-m", "conformance.guest"]
+    assert config["Entrypoint"] == ["python3", "-m", "hvconform.guest"]
     out = client.containers.run(
         images.guest.id, ["--help"], network_mode="none", read_only=True, remove=True
     )

@@ -10,9 +10,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from conformance.contract.ledger import Entry, Ledger, read_entries, still_present
-from conformance.targets.container.engine import DockerEngine
-from conformance.targets.container.images import ImageSet
+from hvconform.contract.ledger import Entry, Ledger, read_entries, still_present
+from hvconform.targets.container.engine import DockerEngine
+from hvconform.targets.container.images import ImageSet
 
 pytestmark = [pytest.mark.root]
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import docker
 import pytest
 
-from conformance.contract.ledger import Ledger, read_entries, survivors
-from conformance.targets.container.images import ImageSet, image_config
-from conformance.targets.container.podman import PodmanRuntime
-from plugin.cdi import CdiReconciler, desired_spec, qualified_name
+from hv_device_plugin.cdi import CdiReconciler, desired_spec, qualified_name
+from hvconform.contract.ledger import Ledger, read_entries, survivors
+from hvconform.targets.container.images import ImageSet, image_config
+from hvconform.targets.container.podman import PodmanRuntime
 
 pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow]
 KVM = qualified_name("hyperlight.dev/hypervisor", "kvm")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.contract.ledger import (
+from hvconform.contract.ledger import (
     Entry,
     Ledger,
     mounts_at,
@@ -21,12 +21,12 @@ from conformance.contract.ledger import (
     still_present,
     survivors,
 )
-from conformance.contract.plugin import resolve
-from conformance.contract.wait import wait_for
-from conformance.targets.container.engine import DockerEngine
-from conformance.targets.container.images import ImageSet
-from conformance.targets.container.plugin_container import Bind, PluginContainer
-from conformance.targets.container.spec import container_spec
+from hvconform.contract.plugin import resolve
+from hvconform.contract.wait import wait_for
+from hvconform.targets.container.engine import DockerEngine
+from hvconform.targets.container.images import ImageSet
+from hvconform.targets.container.plugin_container import Bind, PluginContainer
+from hvconform.targets.container.spec import container_spec
 
 pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow]
 PLUGINS, CDI, HOST_DEV = "/var/lib/kubelet/device-plugins", "/var/run/cdi", "/host-dev"

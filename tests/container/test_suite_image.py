@@ -1,4 +1,4 @@
-"""The suite's own image (conformance.targets.kindnode.suite_image): hvconform with its pinned
+"""The suite's own image (hvconform.targets.kindnode.suite_image): hvconform with its pinned
 helm, kind, kubectl and crictl, built offline; `--version` names the source commit and each tool.
 
 The first tests need no engine: the Go build information the tools' versions are read from, the
@@ -21,10 +21,10 @@ from pathlib import Path
 import docker
 import pytest
 
-from conformance.contract import buildinfo
-from conformance.targets.kindnode import gobinary, suite_image
-from conformance.targets.kindnode.suite_image import ToolProblem, ToolSpec
-from plugin.api.names import installed_version
+from hv_device_plugin.api.names import installed_version
+from hvconform.contract import buildinfo
+from hvconform.targets.kindnode import gobinary, suite_image
+from hvconform.targets.kindnode.suite_image import ToolProblem, ToolSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "fixtures" / "results" / "all-passed.json"
@@ -87,7 +87,7 @@ def test_a_tool_is_refused_unless_it_is_the_pinned_release(tmp_path: Path) -> No
 def test_a_missing_tool_is_one_line_exit_2_naming_how_to_build_it(tmp_path: Path) -> None:
     missing = tmp_path / "no-helm"
     proc = subprocess.run(
-        [sys.executable, "-m", "conformance.targets.kindnode.suite_image", "--helm", str(missing)],
+        [sys.executable, "-m", "hvconform.targets.kindnode.suite_image", "--helm", str(missing)],
         capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
@@ -107,7 +107,7 @@ def test_the_wheel_sources_carry_its_data() -> None:
 
 def hvconform(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "conformance.cli", *args],
+        [sys.executable, "-m", "hvconform.cli", *args],
         capture_output=True, text=True, timeout=60, check=False, env={**os.environ, **env},
     )  # fmt: skip
 
@@ -138,7 +138,7 @@ def test_version_prints_the_build_information_when_present(tmp_path: Path) -> No
 
 def test_version_outside_an_image_is_the_package_and_its_commit() -> None:
     env = {k: v for k, v in os.environ.items() if k != buildinfo.ENV}
-    proc = subprocess.run([sys.executable, "-m", "conformance.cli", "--version"],
+    proc = subprocess.run([sys.executable, "-m", "hvconform.cli", "--version"],
                           capture_output=True, text=True, timeout=60, check=False, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.splitlines()) == 1
@@ -154,7 +154,7 @@ def built(client: docker.DockerClient) -> tuple[str, buildinfo.BuildInfo, float]
         pytest.skip(
             "the suite image is built and run in `nox -s suite-image` (HV_SUITE_IMAGE_LIVE=1)"
         )
-    from conformance.manifests.chart import helm_binary
+    from hvconform.manifests.chart import helm_binary
 
     image, info = suite_image.ensure_suite_image(client, helm=Path(helm_binary()))
     return image.id, info, image.seconds
@@ -178,8 +178,8 @@ def test_image_version_names_the_commit_and_every_pinned_tool(
     assert lines[0] == f"hvconform {installed_version()} (commit {info.commit})"
     assert lines[1:] == info.lines()
     assert [t.name for t in info.tools] == ["helm", "kind", "kubectl", "crictl"]
-    from conformance.targets.cluster.kindbin import KIND_VERSION
-    from conformance.targets.realnode import CRICTL_VERSION, KUBERNETES_VERSION
+    from hvconform.targets.cluster.kindbin import KIND_VERSION
+    from hvconform.targets.realnode import CRICTL_VERSION, KUBERNETES_VERSION
 
     versions = {t.name: t.version for t in info.tools}
     assert versions["kind"] == KIND_VERSION and versions["kubectl"] == KUBERNETES_VERSION

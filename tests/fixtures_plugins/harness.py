@@ -21,8 +21,8 @@ import grpc
 from asyncinotify import Inotify, Mask
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
 from tests.plugin.kubelet_stub import KubeletStub
 
 # $1 plugin dir, $2 CDI dir, $3 a file to bind over /dev/kvm ("" for the real device), then argv.

@@ -20,8 +20,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conformance.contract.plugin import load_profile
-from plugin.config import parse_config
+from hv_device_plugin.config import parse_config
+from hvconform.contract.plugin import load_profile
 from tests.fixture_plugins import GO_KVM_DIR, build_go_kvm
 from tests.fixtures_plugins.harness import (
     FixturePlugin,

@@ -10,11 +10,11 @@ from typing import Any
 import docker
 import pytest
 
-from conformance.targets.cluster import kindbin
-from conformance.targets.container.engine import DockerEngine
-from conformance.targets.kindnode import NODE_IMAGE
-from conformance.targets.kindnode.engine import copy_image, inventory, kind_engine, leftovers
-from conformance.targets.realnode.node_images import build_images
+from hvconform.targets.cluster import kindbin
+from hvconform.targets.container.engine import DockerEngine
+from hvconform.targets.kindnode import NODE_IMAGE
+from hvconform.targets.kindnode.engine import copy_image, inventory, kind_engine, leftovers
+from hvconform.targets.realnode.node_images import build_images
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conformance.targets import cluster_options
-from conformance.targets.cluster import kindbin
-from conformance.targets.cluster.access import CommandRunner
-from conformance.targets.cluster.kind import KindLifecycle
-from conformance.targets.cluster.plan import ClusterOptions
-from conformance.targets.kindnode import NODE_IMAGE
-from conformance.targets.kindnode.engine import inventory
+from hvconform.targets import cluster_options
+from hvconform.targets.cluster import kindbin
+from hvconform.targets.cluster.access import CommandRunner
+from hvconform.targets.cluster.kind import KindLifecycle
+from hvconform.targets.cluster.plan import ClusterOptions
+from hvconform.targets.kindnode import NODE_IMAGE
+from hvconform.targets.kindnode.engine import inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 serial = itertools.count(1)  # cluster names apart within one pytest process

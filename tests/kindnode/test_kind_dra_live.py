@@ -34,20 +34,20 @@ from typing import Any
 import pytest
 import yaml
 
-from conformance.contract.deploy import Pods
-from conformance.contract.plugin import resolve
-from conformance.contract.wait import wait_for
-from conformance.manifests.profile import render_deploy
-from conformance.targets.cluster.access import CommandRunner
-from conformance.targets.cluster.guests import FAILED_WAITING, running
-from conformance.targets.cluster.kind import KindLifecycle
-from conformance.targets.cluster.kube import KubeApi, Obj
-from conformance.targets.cluster.plan import ClusterOptions, Step
-from conformance.targets.cluster.workloads import Layout, prepare, workload_pod
-from plugin.api.dra_wire import PLUGINS_REGISTRY_DIR, RESOURCE_API
-from plugin.api.names import DRA_DRIVER
-from plugin.dra.kubeapi import ApiAccess, ApiError
-from plugin.dra.kubeapi import KubeApi as DriverApi
+from hv_device_plugin.api.dra_wire import PLUGINS_REGISTRY_DIR, RESOURCE_API
+from hv_device_plugin.api.names import DRA_DRIVER
+from hv_device_plugin.dra.kubeapi import ApiAccess, ApiError
+from hv_device_plugin.dra.kubeapi import KubeApi as DriverApi
+from hvconform.contract.deploy import Pods
+from hvconform.contract.plugin import resolve
+from hvconform.contract.wait import wait_for
+from hvconform.manifests.profile import render_deploy
+from hvconform.targets.cluster.access import CommandRunner
+from hvconform.targets.cluster.guests import FAILED_WAITING, running
+from hvconform.targets.cluster.kind import KindLifecycle
+from hvconform.targets.cluster.kube import KubeApi, Obj
+from hvconform.targets.cluster.plan import ClusterOptions, Step
+from hvconform.targets.cluster.workloads import Layout, prepare, workload_pod
 from tests.kindnode.live import assert_nothing_left, kvm, lifecycle
 
 # the `engine` fixture is tests/kindnode/conftest.py's (shared with test_kind_live.py)

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from conformance.targets.cluster import kindbin
-from conformance.targets.cluster.kind import KindLifecycle
-from conformance.targets.cluster.run import open_cluster
-from conformance.targets.kindnode import NODE_IMAGE
+from hvconform.targets.cluster import kindbin
+from hvconform.targets.cluster.kind import KindLifecycle
+from hvconform.targets.cluster.run import open_cluster
+from hvconform.targets.kindnode import NODE_IMAGE
 from tests.kindnode.live import ROOT, serial
 from tests.kindnode.live import assert_nothing_left as _assert_nothing_left
 from tests.kindnode.live import kvm as _kvm
@@ -110,7 +110,7 @@ def test_a_kubelet_with_another_root_dir_is_certified(
         guest = node.session_guest
         assert guest, "the session guest did not start"
         assert node.long_guest_counter(guest) >= 0
-        from conformance.contract.wait import wait_for
+        from hvconform.contract.wait import wait_for
 
         wait_for(lambda: node.long_guest_counter(guest) > 2, 60, "the guest counting")
     _assert_nothing_left(lifecycle, engine, kvm)
@@ -135,7 +135,7 @@ def test_issue_26_checks_pass_against_the_real_kubelet(
     kvm = _kvm()
     out = tmp_path / "out"
     argv = [
-        sys.executable, "-m", "conformance.cli", "run", "--target", "kind",
+        sys.executable, "-m", "hvconform.cli", "run", "--target", "kind",
         "--cluster-name", f"hvt-{os.getpid()}-{next(serial)}", "--node-image", NODE_IMAGE,
         "--image", engine["tags"]["plugin"], "--guest-image", engine["tags"]["guest"],
         "--out", str(out), "-m", "workloads or identity or registration",

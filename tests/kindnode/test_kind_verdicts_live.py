@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.results import validate_results
-from conformance.targets.cluster import kindbin
-from conformance.targets.kindnode import NODE_IMAGE
+from hvconform.contract.results import validate_results
+from hvconform.targets.cluster import kindbin
+from hvconform.targets.kindnode import NODE_IMAGE
 from tests.container.gokvm import NEVER_BACK_SELECTION, NEVER_BACK_VERDICTS, variant_profile
 from tests.fixture_plugins import GO_KVM_DIR
 from tests.kindnode.live import ROOT, serial
@@ -38,8 +38,8 @@ EXEC_PROFILE = GO_KVM_DIR / "profile-exec.yaml"
 @pytest.fixture(scope="module")
 def go_kvm(engine: dict[str, Any]) -> str:
     """go-kvm's image (built offline from its binary) copied into the kind engine."""
-    from conformance.targets.container.engine import DockerEngine
-    from conformance.targets.kindnode.engine import copy_image
+    from hvconform.targets.container.engine import DockerEngine
+    from hvconform.targets.kindnode.engine import copy_image
     from tests.container.fixture_image import ensure_in_engine
     from tests.fixture_plugins import build_go_kvm
 
@@ -53,7 +53,7 @@ def go_kvm(engine: dict[str, Any]) -> str:
 def _run(engine: dict[str, Any], out: Path, *extra: str) -> dict[str, Any]:
     kvm = _kvm()
     argv = [
-        sys.executable, "-m", "conformance.cli", "run", "--target", "kind",
+        sys.executable, "-m", "hvconform.cli", "run", "--target", "kind",
         "--cluster-name", f"hvt-{os.getpid()}-{next(serial)}", "--node-image", NODE_IMAGE,
         "--guest-image", engine["tags"]["guest"], "--out", str(out), *extra,
     ]  # fmt: skip

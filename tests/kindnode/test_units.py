@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conformance.targets.cluster import kindbin
-from conformance.targets.kindnode import oci, rootfs
-from conformance.targets.realnode.image import layer as pause_layer
+from hvconform.targets.cluster import kindbin
+from hvconform.targets.kindnode import oci, rootfs
+from hvconform.targets.realnode.image import layer as pause_layer
 from tests.scripts import python_script
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The local runner of conformance-kind.yml (conformance.targets.kindnode.workflow): every
+"""The local runner of conformance-kind.yml (hvconform.targets.kindnode.workflow): every
 expression and condition the real workflow uses is understood, GitHub's step semantics hold
 (success() by default, always(), step outcomes, GITHUB_ENV/GITHUB_PATH between steps), and a
 failing step is reported as a failure, never hidden. Steps run as real bash processes."""
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conformance.targets.kindnode.workflow import (
+from hvconform.targets.kindnode.workflow import (
     JOB,
     REPLACED,
     SKIPPED,

@@ -7,7 +7,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from conformance.manifests import TARGETS, render_objects
+from hvconform.manifests import TARGETS, render_objects
 
 IMAGE = "hv-device-plugin:1.2.3"
 DAEMONSETS = ("device-access", "hypervisor-plugin")

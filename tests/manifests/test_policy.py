@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from conformance.manifests import RULES, check_policy
+from hvconform.manifests import RULES, check_policy
 from tests.manifests.common import (
     ALL_TARGETS,
     DAEMONSETS,

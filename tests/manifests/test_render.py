@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from conformance.manifests import (
+from hv_device_plugin.config import parse_config
+from hv_device_plugin.probe_cli import probe_main
+from hvconform.manifests import (
     DEFAULT_POOL_TAINT,
     ManifestError,
     check_image,
@@ -17,9 +19,7 @@ from conformance.manifests import (
     render_manifests,
     render_objects,
 )
-from conformance.manifests.cli import register
-from plugin.config import parse_config
-from plugin.probe_cli import probe_main
+from hvconform.manifests.cli import register
 from tests.manifests.common import ALL_TARGETS, DAEMONSETS, IMAGE, daemonset, objects, pod_spec
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "manifests"

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conformance.contract.safeyaml import (
+from hvconform.contract.safeyaml import (
     MAX_DOCUMENTS,
     MAX_FILE_BYTES,
     MAX_RUN_BYTES,
     Budget,
 )
-from conformance.manifests.chart import (
+from hvconform.manifests.chart import (
     MAX_CHART_BYTES,
     MAX_CHART_FILES,
     MAX_GENERATE_NAME,
@@ -29,10 +29,10 @@ from conformance.manifests.chart import (
     helm_binary,
     template,
 )
-from conformance.manifests.profile import _read_manifest, parse_objects
-from conformance.manifests.render import ManifestError
+from hvconform.manifests.profile import _read_manifest, parse_objects
+from hvconform.manifests.render import ManifestError
 
-HVCONFORM = [sys.executable, "-m", "conformance.cli"]
+HVCONFORM = [sys.executable, "-m", "hvconform.cli"]
 HEAD = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm\n"
 # 9 levels of 9 aliases: about 500 bytes that any walk of the result (a deep copy, kubectl
 # apply) expands to 9**9 strings. Its first anchor is on line 5.
@@ -321,8 +321,8 @@ def test_helm_output_past_the_run_cap_stops_helm(tmp_path: Path) -> None:
 
 def test_a_profiles_manifests_share_one_budget_in_render_deploy(tmp_path: Path) -> None:
     """The issue's 31 files x 256 objects: each file alone within the caps, the profile not."""
-    from conformance.contract.deploy import Deploy, Pods
-    from conformance.manifests.profile import render_deploy
+    from hvconform.contract.deploy import Deploy, Pods
+    from hvconform.manifests.profile import render_deploy
 
     paths = tuple(
         manifest(tmp_path, "---\n".join(config_map(f"f{i}-{j}") for j in range(10)), f"{i}.yaml")

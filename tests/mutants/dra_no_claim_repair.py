@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 
-from plugin import __main__ as entry
-from plugin.dra.claim_specs import ClaimSpecs
+from hv_device_plugin import __main__ as entry
+from hv_device_plugin.dra.claim_specs import ClaimSpecs
 
 _keep = ClaimSpecs.keep
 

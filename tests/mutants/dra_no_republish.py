@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from plugin import __main__ as entry
-from plugin.dra.kubeapi import ApiError, KubeApi
+from hv_device_plugin import __main__ as entry
+from hv_device_plugin.dra.kubeapi import ApiError, KubeApi
 
 _request = KubeApi.request
 _created: list[bool] = []

@@ -7,11 +7,11 @@ import socket
 import sys
 from pathlib import Path
 
-from plugin import __main__ as entry
-from plugin import daemon
-from plugin.config import Config
-from plugin.logs import warn
-from plugin.probe_worker import ProbeWorker
+from hv_device_plugin import __main__ as entry
+from hv_device_plugin import daemon
+from hv_device_plugin.config import Config
+from hv_device_plugin.logs import warn
+from hv_device_plugin.probe_worker import ProbeWorker
 
 _run = daemon.run
 

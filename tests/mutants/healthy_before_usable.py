@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import sys
 
-from plugin import __main__ as entry
-from plugin.device import CheckResult, check_host_entry
-from plugin.monitor import Monitor
+from hv_device_plugin import __main__ as entry
+from hv_device_plugin.device import CheckResult, check_host_entry
+from hv_device_plugin.monitor import Monitor
 
 _checked: set[int] = set()
 _original = Monitor._run_device_check

@@ -10,8 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from plugin import __main__ as entry
-from plugin.registration import Registrar
+from hv_device_plugin import __main__ as entry
+from hv_device_plugin.registration import Registrar
 
 STATE = Path(os.environ["HV_MUTANT_STATE"])
 LOST = [STATE.exists()]  # read at start; set again when this process loses its stream

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from plugin import __main__ as entry
-from plugin.health import HealthState
+from hv_device_plugin import __main__ as entry
+from hv_device_plugin.health import HealthState
 
 HealthState.healthy = property(lambda self: True)  # type: ignore[assignment,method-assign]
 

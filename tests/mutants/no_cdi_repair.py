@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from plugin import __main__ as entry
-from plugin.cdi import CdiReconciler, CdiStatus
+from hv_device_plugin import __main__ as entry
+from hv_device_plugin.cdi import CdiReconciler, CdiStatus
 
 _original = CdiReconciler.reconcile
 _calls = {"n": 0}

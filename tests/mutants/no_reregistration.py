@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from plugin import __main__ as entry
-from plugin.registration import Registrar
+from hv_device_plugin import __main__ as entry
+from hv_device_plugin.registration import Registrar
 
 Registrar._restart_needed = lambda self: ""  # type: ignore[method-assign]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import sys
 
-from plugin import __main__ as entry
-from plugin.registration import Registrar
+from hv_device_plugin import __main__ as entry
+from hv_device_plugin.registration import Registrar
 
 Registrar._stream_lost = lambda self: False  # type: ignore[method-assign]
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conformance.contract.plugin import load_profile
+from hvconform.contract.plugin import load_profile
 from tests.conformance.test_hvconform import hvconform, statuses
 from tests.fixture_plugins import GO_KVM_DIR, build_go_kvm
 

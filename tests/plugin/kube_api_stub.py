@@ -1,4 +1,4 @@
-"""A real HTTPS API server on 127.0.0.1 for the DRA driver's few calls (plugin.dra.kubeapi).
+"""A real HTTPS API server on 127.0.0.1 for the DRA driver's few calls (hv_device_plugin.dra.kubeapi).
 
 It serves ResourceClaims by namespace/name (GET) and ResourceSlices (GET, POST, PUT) from
 in-memory objects, with a real certificate the driver's client verifies (its own CA file), so
@@ -19,8 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from plugin.api.dra_wire import RESOURCE_API
-from plugin.dra.kubeapi import ApiAccess, KubeApi
+from hv_device_plugin.api.dra_wire import RESOURCE_API
+from hv_device_plugin.dra.kubeapi import ApiAccess, KubeApi
 
 _CLAIM = re.compile(rf"/apis/{re.escape(RESOURCE_API)}/namespaces/([^/]+)/resourceclaims/([^/]+)")
 _SLICES = f"/apis/{RESOURCE_API}/resourceslices"

@@ -1,6 +1,6 @@
 """The plugin's log events as a test sees them: each (event, fields) the plugin logged.
 
-A handler on the plugin's own logger, not pytest's caplog: plugin.logs.setup (run by any
+A handler on the plugin's own logger, not pytest's caplog: hv_device_plugin.logs.setup (run by any
 in-process entry point) stops propagation to the root logger, which caplog listens on.
 """
 

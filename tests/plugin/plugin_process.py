@@ -18,8 +18,8 @@ from typing import Any
 
 import grpc
 
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api import deviceplugin_pb2_grpc as pb_grpc
 from tests.plugin.kubelet_stub import KubeletStub
 
 KVM_RDEV = os.stat("/dev/kvm").st_rdev if os.path.exists("/dev/kvm") else 0
@@ -94,7 +94,7 @@ class PluginProcess:
         args = [
             sys.executable,
             "-m",
-            "plugin",
+            "hv_device_plugin",
             "--device-plugin-dir",
             str(node.plugin_dir),
             "--cdi-dir",

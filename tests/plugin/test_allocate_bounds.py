@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.config import MAX_SLOTS
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.config import MAX_SLOTS
 from tests.plugin.kubelet_stub import KubeletStub
 from tests.plugin.plugin_process import Node, PluginProcess, Stream, wait_for
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from plugin.cdi import CdiReconciler
-from plugin.cdi_spec import desired_spec
-from plugin.config import ConfigError, parse_config
-from plugin.health import HealthState
-from plugin.monitor import Monitor
-from plugin.probe_worker import ProbeWorker
+from hv_device_plugin.cdi import CdiReconciler
+from hv_device_plugin.cdi_spec import desired_spec
+from hv_device_plugin.config import ConfigError, parse_config
+from hv_device_plugin.health import HealthState
+from hv_device_plugin.monitor import Monitor
+from hv_device_plugin.probe_worker import ProbeWorker
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/kvm"), reason="needs /dev/kvm")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.cdi import CdiReconciler, CdiStatus, desired_spec
+from hv_device_plugin.cdi import CdiReconciler, CdiStatus, desired_spec
 
 pytestmark = pytest.mark.root
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from plugin.cdi import CdiReconciler, desired_spec
+from hv_device_plugin.cdi import CdiReconciler, desired_spec
 
 NAME = "hyperlight.json"
 DESIRED = desired_spec(device_name="kvm", device_path="/dev/kvm")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.cdi import CdiReconciler, desired_spec, qualified_name
+from hv_device_plugin.cdi import CdiReconciler, desired_spec, qualified_name
 
 pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""Desired CDI content and the strict CDI validator (plugin.cdi_spec)."""
+"""Desired CDI content and the strict CDI validator (hv_device_plugin.cdi_spec)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from plugin.cdi import desired_spec, qualified_name, required_version, validate_spec
+from hv_device_plugin.cdi import desired_spec, qualified_name, required_version, validate_spec
 
 GOLDEN_KVM = """\
 {

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from plugin.cdi import CdiReconciler
-from plugin.cdi_spec import desired_spec
-from plugin.config import MAX_SLOTS
-from plugin.version import COMMIT_ENV
+from hv_device_plugin.cdi import CdiReconciler
+from hv_device_plugin.cdi_spec import desired_spec
+from hv_device_plugin.config import MAX_SLOTS
+from hv_device_plugin.version import COMMIT_ENV
 
-PLUGIN = [sys.executable, "-m", "plugin"]
+PLUGIN = [sys.executable, "-m", "hv_device_plugin"]
 DURATION_FLAGS = (
     "probe-timeout",
     "probe-max-age",

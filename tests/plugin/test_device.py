@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.device import (
+from hv_device_plugin.device import (
     CheckResult,
     DeviceKind,
     check_host_entry,

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from plugin.api.names import CDI_KIND
-from plugin.config import parse_config
-from plugin.dra.claim_specs import PREFIX, ClaimSpecs
-from plugin.dra.daemon import unusable_reason
-from plugin.health import HealthState
-from plugin.monitor import Monitor
+from hv_device_plugin.api.names import CDI_KIND
+from hv_device_plugin.config import parse_config
+from hv_device_plugin.dra.claim_specs import PREFIX, ClaimSpecs
+from hv_device_plugin.dra.daemon import unusable_reason
+from hv_device_plugin.health import HealthState
+from hv_device_plugin.monitor import Monitor
 
 KVM_RDEV = os.makedev(10, 232)
 

@@ -29,12 +29,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from plugin.api import dra_pb2 as dra
-from plugin.api import dra_pb2_grpc as dra_grpc
-from plugin.api import pluginregistration_pb2 as reg
-from plugin.api import pluginregistration_pb2_grpc as reg_grpc
-from plugin.api.names import DRA_DRIVER
-from plugin.endpoints import READINESS_SERVICE
+from hv_device_plugin.api import dra_pb2 as dra
+from hv_device_plugin.api import dra_pb2_grpc as dra_grpc
+from hv_device_plugin.api import pluginregistration_pb2 as reg
+from hv_device_plugin.api import pluginregistration_pb2_grpc as reg_grpc
+from hv_device_plugin.api.names import DRA_DRIVER
+from hv_device_plugin.endpoints import READINESS_SERVICE
 from tests.plugin.kube_api_stub import ApiStub
 from tests.plugin.plugin_process import wait_for
 
@@ -114,7 +114,7 @@ class Driver:
 @contextmanager
 def driver_process(root: Path, stub: ApiStub, run: str) -> Iterator[Driver]:
     log = root / f"driver-{run}.log"
-    argv = [sys.executable, "-m", "plugin", "--mode", "dra", "--node-name", "node-a",
+    argv = [sys.executable, "-m", "hv_device_plugin", "--mode", "dra", "--node-name", "node-a",
             "--plugins-registry-dir", str(root / "registry"), "--dra-plugin-dir",
             str(root / "driver"), "--cdi-dir", str(root / "cdi"), "--health-addr", "",
             "--kube-api-server", stub.url, "--kube-ca-file", str(stub.ca_file),

@@ -3,7 +3,7 @@
 The defect this guards against: a claim recorded as prepared (its CDI spec written) that the
 kubelet never unprepares (a failed NodePrepareResources, the pod deleted, a retry or a race
 recording the claim anyway) kept its spec for ever. Judged with the driver's real parts: the
-DraServicer preparing claims through the real API client (plugin.dra.kubeapi over HTTPS) from
+DraServicer preparing claims through the real API client (hv_device_plugin.dra.kubeapi over HTTPS) from
 a real HTTPS server, the real state file and the real claim specs in a temporary dir. A claim
 the API server no longer has, or has under another UID, is unprepared; a live claim is kept;
 an API that does not answer clearly (an error status, no connection, an object without a UID)
@@ -21,14 +21,14 @@ from typing import Any
 
 import pytest
 
-from plugin.api import dra_pb2 as dra
-from plugin.api.names import CDI_KIND
-from plugin.dra.claim_specs import ClaimSpecs
-from plugin.dra.claims import ClaimStore, PreparedClaim
-from plugin.dra.daemon import ClaimReader
-from plugin.dra.kubeapi import ApiAccess, KubeApi
-from plugin.dra.orphans import OrphanReaper
-from plugin.dra.service import DraServicer
+from hv_device_plugin.api import dra_pb2 as dra
+from hv_device_plugin.api.names import CDI_KIND
+from hv_device_plugin.dra.claim_specs import ClaimSpecs
+from hv_device_plugin.dra.claims import ClaimStore, PreparedClaim
+from hv_device_plugin.dra.daemon import ClaimReader
+from hv_device_plugin.dra.kubeapi import ApiAccess, KubeApi
+from hv_device_plugin.dra.orphans import OrphanReaper
+from hv_device_plugin.dra.service import DraServicer
 from tests.plugin.kube_api_stub import ApiStub
 from tests.plugin.log_events import Events, plugin_events
 

@@ -24,13 +24,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from plugin.api import dra_pb2 as dra
-from plugin.api import dra_pb2_grpc as dra_grpc
-from plugin.api import drahealth_pb2 as hp
-from plugin.api import drahealth_pb2_grpc as hp_grpc
-from plugin.api import pluginregistration_pb2 as reg
-from plugin.api import pluginregistration_pb2_grpc as reg_grpc
-from plugin.api.names import DRA_DRIVER
+from hv_device_plugin.api import dra_pb2 as dra
+from hv_device_plugin.api import dra_pb2_grpc as dra_grpc
+from hv_device_plugin.api import drahealth_pb2 as hp
+from hv_device_plugin.api import drahealth_pb2_grpc as hp_grpc
+from hv_device_plugin.api import pluginregistration_pb2 as reg
+from hv_device_plugin.api import pluginregistration_pb2_grpc as reg_grpc
+from hv_device_plugin.api.names import DRA_DRIVER
 from tests.plugin.plugin_process import wait_for
 
 KVM = Path("/dev/kvm")
@@ -56,7 +56,7 @@ def _argv(root: Path, *extra: str) -> list[str]:
     with socket.socket() as s:  # a port nothing listens on: the API server is absent
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    return [sys.executable, "-m", "plugin", "--mode", "dra", "--node-name", "node-a",
+    return [sys.executable, "-m", "hv_device_plugin", "--mode", "dra", "--node-name", "node-a",
             "--plugins-registry-dir", str(root / "registry"), "--dra-plugin-dir",
             str(root / "driver"), "--cdi-dir", str(root / "cdi"), "--health-addr", "",
             "--kube-api-server", f"https://127.0.0.1:{port}", "--kube-ca-file",
@@ -92,7 +92,7 @@ def test_refusals_are_one_line_and_create_nothing(
 
 
 def _probe(root: Path, which: str) -> int:
-    argv = [sys.executable, "-m", "plugin", "probe", which, "--mode", "dra", "--dra-plugin-dir",
+    argv = [sys.executable, "-m", "hv_device_plugin", "probe", which, "--mode", "dra", "--dra-plugin-dir",
             str(root / "driver")]  # fmt: skip
     return subprocess.run(argv, capture_output=True, timeout=30).returncode
 

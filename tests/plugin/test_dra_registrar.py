@@ -1,4 +1,4 @@
-"""The DRA driver's registration socket heals itself (plugin.dra.registrar).
+"""The DRA driver's registration socket heals itself (hv_device_plugin.dra.registrar).
 
 The kubelet's plugin watcher deregisters a driver when its registration socket is deleted and
 registers it again when a socket appears at the path (v1.37.2 pkg/kubelet/pluginmanager/
@@ -25,13 +25,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from plugin.api import pluginregistration_pb2 as reg
-from plugin.api import pluginregistration_pb2_grpc as reg_grpc
-from plugin.dra.daemon import SlicePublisher, _follow
-from plugin.dra.registrar import LOST, Registrar
-from plugin.dra.service import RegistrationServicer
-from plugin.dra.slice import SliceFacts
-from plugin.health import HealthState
+from hv_device_plugin.api import pluginregistration_pb2 as reg
+from hv_device_plugin.api import pluginregistration_pb2_grpc as reg_grpc
+from hv_device_plugin.dra.daemon import SlicePublisher, _follow
+from hv_device_plugin.dra.registrar import LOST, Registrar
+from hv_device_plugin.dra.service import RegistrationServicer
+from hv_device_plugin.dra.slice import SliceFacts
+from hv_device_plugin.health import HealthState
 from tests.plugin.kube_api_stub import ApiStub
 from tests.plugin.log_events import Events, plugin_events
 

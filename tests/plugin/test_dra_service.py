@@ -30,15 +30,15 @@ from typing import Any
 import grpc
 import pytest
 
-from plugin.api import dra_pb2 as dra
-from plugin.api import dra_pb2_grpc as dra_grpc
-from plugin.api import pluginregistration_pb2 as reg
-from plugin.api import pluginregistration_pb2_grpc as reg_grpc
-from plugin.api.names import CDI_KIND
-from plugin.cdi_spec import desired_spec
-from plugin.dra.claim_specs import ClaimSpecs
-from plugin.dra.claims import ClaimStateError, ClaimStore, PreparedClaim
-from plugin.dra.service import DraServicer, RegistrationServicer
+from hv_device_plugin.api import dra_pb2 as dra
+from hv_device_plugin.api import dra_pb2_grpc as dra_grpc
+from hv_device_plugin.api import pluginregistration_pb2 as reg
+from hv_device_plugin.api import pluginregistration_pb2_grpc as reg_grpc
+from hv_device_plugin.api.names import CDI_KIND
+from hv_device_plugin.cdi_spec import desired_spec
+from hv_device_plugin.dra.claim_specs import ClaimSpecs
+from hv_device_plugin.dra.claims import ClaimStateError, ClaimStore, PreparedClaim
+from hv_device_plugin.dra.service import DraServicer, RegistrationServicer
 
 DRIVER = "hypervisor.hyperlight.dev"
 

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from plugin import options
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.cdi import CdiReconciler
-from plugin.cdi_spec import desired_spec, validate_spec
-from plugin.config import Config, ConfigError, parse_config
-from plugin.inputs import MAX_LINE_CHARS, check_resource_name
-from plugin.request_checks import allocate_problem, max_allocate_bytes, reader
+from hv_device_plugin import options
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.cdi import CdiReconciler
+from hv_device_plugin.cdi_spec import desired_spec, validate_spec
+from hv_device_plugin.config import Config, ConfigError, parse_config
+from hv_device_plugin.inputs import MAX_LINE_CHARS, check_resource_name
+from hv_device_plugin.request_checks import allocate_problem, max_allocate_bytes, reader
 
 SETTINGS = settings(database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FLAGS = tuple(opt.flag for opt in options.OPTIONS)

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from plugin.endpoints import MAX_HEAD_BYTES
+from hv_device_plugin.endpoints import MAX_HEAD_BYTES
 from tests.plugin.kubelet_stub import KubeletStub
 from tests.plugin.plugin_process import Node, PluginProcess, wait_for
 

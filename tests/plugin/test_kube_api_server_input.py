@@ -1,6 +1,6 @@
 """--kube-api-server (and HV_KUBE_API_SERVER) by URL rules, refused in the configuration.
 
-Each bad URL runs the real program (`python -m plugin --mode dra`): exit 2, one stderr line
+Each bad URL runs the real program (`python -m hv_device_plugin --mode dra`): exit 2, one stderr line
 naming the flag, no traceback, nothing created. Before these rules a port of 99999, an unclosed
 IPv6 bracket or a bare `https://` passed the configuration and crashed at start with a
 traceback; credentials, a path and a query were silently dropped; CR and ESC were accepted.
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from plugin.config import ConfigError, parse_config
-from plugin.inputs import MAX_URL_CHARS
+from hv_device_plugin.config import ConfigError, parse_config
+from hv_device_plugin.inputs import MAX_URL_CHARS
 
-PLUGIN = [sys.executable, "-m", "plugin"]
+PLUGIN = [sys.executable, "-m", "hv_device_plugin"]
 FLAG = "--kube-api-server"
 
 BAD: dict[str, tuple[str, str]] = {  # name: (URL, a fragment of the one line)

@@ -11,7 +11,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from plugin.version import source_commit, version
+from hv_device_plugin.version import source_commit, version
 from tests.plugin.plugin_process import PluginProcess, Stream, wait_for
 
 METRIC_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")  # no colons: those are for recording rules

@@ -8,7 +8,7 @@ import time
 import grpc
 import pytest
 
-from plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api import deviceplugin_pb2 as pb
 from tests.plugin.kubelet_stub import KubeletStub
 from tests.plugin.plugin_process import Node, PluginProcess, Stream, wait_for
 

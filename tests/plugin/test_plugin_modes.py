@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from plugin.registration import KUBELET_LISTENING
+from hv_device_plugin.registration import KUBELET_LISTENING
 from tests.plugin.kubelet_stub import KubeletStub
 from tests.plugin.plugin_process import Node, PluginProcess, Stream, wait_for
 
-PLUGIN = [sys.executable, "-m", "plugin"]
+PLUGIN = [sys.executable, "-m", "hv_device_plugin"]
 
 
 @pytest.mark.parametrize(

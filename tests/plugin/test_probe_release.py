@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.probe_worker import serve
+from hv_device_plugin.probe_worker import serve
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/kvm"), reason="needs /dev/kvm")
 

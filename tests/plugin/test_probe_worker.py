@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from plugin.device import DeviceKind
-from plugin.probe_worker import TEST_ENV, ProbeWorker, serve
+from hv_device_plugin.device import DeviceKind
+from hv_device_plugin.probe_worker import TEST_ENV, ProbeWorker, serve
 
 TEST_MODE = {TEST_ENV: "1"}
 T = TypeVar("T")
@@ -113,7 +113,7 @@ def test_serve_answers_bad_requests_without_dying() -> None:
 
 def test_helper_does_not_import_asyncio() -> None:
     proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "plugin.probe_worker"],
+        [sys.executable, "-X", "importtime", "-m", "hv_device_plugin.probe_worker"],
         input=b"",
         capture_output=True,
         timeout=30,
@@ -121,7 +121,7 @@ def test_helper_does_not_import_asyncio() -> None:
     )
     imported = {line.split(b"|")[-1].strip() for line in proc.stderr.splitlines()}
     assert b"asyncio" not in imported
-    assert b"plugin.probes.kvm" in imported
+    assert b"hv_device_plugin.probes.kvm" in imported
 
 
 # --- parent side ------------------------------------------------------------------------------

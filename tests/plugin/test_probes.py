@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from plugin.device import check_identity, open_verified
-from plugin.probes import IO, IOC, IOR, IOW, IOWR, is_new_fd, open_fds
-from plugin.probes.kvm import KVM_CREATE_VM, KVM_GET_API_VERSION, probe_kvm
-from plugin.probes.mshv import (
+from hv_device_plugin.device import check_identity, open_verified
+from hv_device_plugin.probes import IO, IOC, IOR, IOW, IOWR, is_new_fd, open_fds
+from hv_device_plugin.probes.kvm import KVM_CREATE_VM, KVM_GET_API_VERSION, probe_kvm
+from hv_device_plugin.probes.mshv import (
     CREATE_PARTITION_SIZE,
     MSHV_CREATE_PARTITION,
     MSHV_PT_ISOLATION_NONE,

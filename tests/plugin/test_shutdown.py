@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from plugin import shutdown
-from plugin.registration import Registrar
+from hv_device_plugin import shutdown
+from hv_device_plugin.registration import Registrar
 
 
 class _Events(logging.Handler):

@@ -15,15 +15,15 @@ def test_committed_stubs_match_proto(tmp_path: Path) -> None:
     pytest.importorskip("grpc_tools", reason="grpcio-tools is a dev dependency")
     from tools.gen_protos import generate
 
-    generate(tmp_path)
+    fresh_dir = generate(tmp_path)
     stems = ("deviceplugin", "dra", "drahealth", "pluginregistration")
     for name in (f"{s}{suffix}" for s in stems for suffix in SUFFIXES):
-        fresh = (tmp_path / "plugin" / "api" / name).read_bytes()
+        fresh = (fresh_dir / name).read_bytes()
         assert fresh == (ROOT / "plugin" / "api" / name).read_bytes(), f"{name} is stale"
 
 
 def test_method_paths_are_the_kubelet_wire_contract() -> None:
-    from plugin.api import deviceplugin_pb2 as pb
+    from hv_device_plugin.api import deviceplugin_pb2 as pb
 
     services = {
         s.full_name: [m.name for m in s.methods] for s in pb.DESCRIPTOR.services_by_name.values()
@@ -45,8 +45,8 @@ def test_method_paths_are_the_kubelet_wire_contract() -> None:
 def test_dra_and_registration_paths_are_the_kubelet_wire_contract() -> None:
     """What the v1.37.2 kubelet dials: /k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/<method> on the
     driver's endpoint and /pluginregistration.Registration/<method> on its registry socket."""
-    from plugin.api import dra_pb2, pluginregistration_pb2
-    from plugin.api.dra_wire import DRA_SERVICE_V1
+    from hv_device_plugin.api import dra_pb2, pluginregistration_pb2
+    from hv_device_plugin.api.dra_wire import DRA_SERVICE_V1
 
     dra = {
         s.full_name: [m.name for m in s.methods]
@@ -77,8 +77,8 @@ def test_dra_and_registration_paths_are_the_kubelet_wire_contract() -> None:
 
 
 def test_dra_health_path_is_the_kubelet_wire_contract() -> None:
-    from plugin.api import drahealth_pb2
-    from plugin.api.dra_wire import DRA_HEALTH_SERVICE_V1
+    from hv_device_plugin.api import drahealth_pb2
+    from hv_device_plugin.api.dra_wire import DRA_HEALTH_SERVICE_V1
 
     (service,) = drahealth_pb2.DESCRIPTOR.services_by_name.values()
     assert service.full_name == DRA_HEALTH_SERVICE_V1 == "v1.DRAResourceHealth"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from plugin.api.names import DISTRIBUTION, installed_version
-from plugin.version import UNKNOWN, _git_head
+from hv_device_plugin.api.names import DISTRIBUTION, installed_version
+from hv_device_plugin.version import UNKNOWN, _git_head
 
 
 def _git(repo: Path, *args: str) -> str:

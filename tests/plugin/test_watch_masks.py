@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from plugin.watch import DirWatcher
+from hv_device_plugin.watch import DirWatcher
 
 DEADLINE_S = 5.0
 

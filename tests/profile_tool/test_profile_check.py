@@ -93,7 +93,7 @@ def test_a_reader_that_leaves_gets_no_traceback() -> None:
     argv = [
         sys.executable,
         "-m",
-        "conformance.cli",
+        "hvconform.cli",
         "profile",
         "check",
         str(GO_KVM / "profile.yaml"),

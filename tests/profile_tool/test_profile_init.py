@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.plugin import load_profile
-from conformance.profile_tool.daemonset import StarterError, facts
+from hvconform.contract.plugin import load_profile
+from hvconform.profile_tool.daemonset import StarterError, facts
 
 ROOT = Path(__file__).resolve().parents[2]
 GO_KVM = ROOT / "fixtures" / "plugins" / "go-kvm"
 CHART = ROOT / "charts" / "hv-device-plugin"
-HVCONFORM = [sys.executable, "-m", "conformance.cli"]
+HVCONFORM = [sys.executable, "-m", "hvconform.cli"]
 
 
 def hvconform(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

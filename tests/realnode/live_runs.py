@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conformance.targets.realnode import REPO
+from hvconform.targets.realnode import REPO
 
 
 def kvm() -> tuple[int, int, int, int]:
@@ -55,7 +55,7 @@ def run_node(tmp_path: Path, profile: Path, *extra: str, timeout: float = 1500) 
     """`hvconform run --target node` of `profile`; its results.json, with `_output` (the tail
     of what it printed) for assertion messages. /dev/kvm must be the same afterwards."""
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "conformance.cli", "run", "--target", "node", "--out", str(out),
+    argv = [sys.executable, "-m", "hvconform.cli", "run", "--target", "node", "--out", str(out),
             "--reports-root", str(tmp_path), "--plugin-profile", str(profile), *extra]  # fmt: skip
     before = kvm()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO)
@@ -76,7 +76,7 @@ def cluster_mode_nodes(count: int, runtime: str = "") -> Iterator[dict[str, str]
     """`node-up --nodes COUNT` with the images imported into each node's containerd; node-down
     verified after (nothing left, /dev/kvm unchanged). Skips, naming the fix, when the node is
     not built or another node is up on this machine."""
-    from conformance.targets.realnode import node_images, nodes, procs, stack
+    from hvconform.targets.realnode import node_images, nodes, procs, stack
 
     if missing := nodes.has_tools(runtime):
         pytest.skip(f"the node is not built ({', '.join(missing)}): run `nox -s node-build`")

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.wait import wait_for
-from conformance.targets.cluster.guests import FAILED_WAITING, running
-from conformance.targets.cluster.kube import Obj
-from conformance.targets.cluster.workloads import workload_pod
-from plugin.api.dra_wire import RESOURCE_API
-from plugin.api.names import DRA_DRIVER
+from hv_device_plugin.api.dra_wire import RESOURCE_API
+from hv_device_plugin.api.names import DRA_DRIVER
+from hvconform.contract.wait import wait_for
+from hvconform.targets.cluster.guests import FAILED_WAITING, running
+from hvconform.targets.cluster.kube import Obj
+from hvconform.targets.cluster.workloads import workload_pod
 from tests.realnode.pools import LIVE_S, WORK, Cluster
 
 

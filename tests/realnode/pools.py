@@ -16,15 +16,15 @@ from typing import Any
 
 import yaml
 
-from conformance.contract.deploy import CLUSTER_SCOPED
-from conformance.contract.wait import WaitExpired, wait_for
-from conformance.manifests.chart import chart_dir, helm_binary
-from conformance.targets.cluster.kube import KubeApi, Obj
-from conformance.targets.kindnode import BIN as KIND_BIN
-from conformance.targets.realnode import procs
-from conformance.targets.realnode.nodes import ADMIN_KUBECONFIG, NODE_CDI, NodeLayout
-from plugin.api.dra_wire import RESOURCE_API
-from plugin.api.names import DRA_DRIVER, HYPERVISOR_RESOURCE
+from hv_device_plugin.api.dra_wire import RESOURCE_API
+from hv_device_plugin.api.names import DRA_DRIVER, HYPERVISOR_RESOURCE
+from hvconform.contract.deploy import CLUSTER_SCOPED
+from hvconform.contract.wait import WaitExpired, wait_for
+from hvconform.manifests.chart import chart_dir, helm_binary
+from hvconform.targets.cluster.kube import KubeApi, Obj
+from hvconform.targets.kindnode import BIN as KIND_BIN
+from hvconform.targets.realnode import procs
+from hvconform.targets.realnode.nodes import ADMIN_KUBECONFIG, NODE_CDI, NodeLayout
 
 # kubectl is no system package bootstrap installs: the one `nox -s kind-image` builds from the
 # pinned Kubernetes module, else one on PATH ("": the migration test says which to get)

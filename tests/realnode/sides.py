@@ -1,6 +1,6 @@
 """The two kubelets of the differential test, behind one small interface.
 
-`EmulatorSide`: conformance.kubelet's emulator on a temporary plugin dir. `RealSide`: the real
+`EmulatorSide`: hvconform.kubelet's emulator on a temporary plugin dir. `RealSide`: the real
 kubelet of the node stack (`nox -s node-up`), observed through the Node's status and pods. A
 `PluginThread` runs the test suite's MinimalPlugin (tests/conformance/minimal_plugin.py) on its
 own event loop, so both sides talk to the very same plugin code and its recorded calls.
@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from conformance.kubelet import ThreadedKubeletEmulator
-from conformance.targets.realnode import CDI_DIR, NODE_NAME, PLUGIN_DIR, RUN, procs, stack
-from conformance.targets.realnode.configs import NAMESPACE, workload_pod
-from conformance.targets.realnode.kubeapi import Api, ApiError, quantity
-from conformance.targets.realnode.reboot import kubelet_plugin_fds, shut_down_in
+from hvconform.kubelet import ThreadedKubeletEmulator
+from hvconform.targets.realnode import CDI_DIR, NODE_NAME, PLUGIN_DIR, RUN, procs, stack
+from hvconform.targets.realnode.configs import NAMESPACE, workload_pod
+from hvconform.targets.realnode.kubeapi import Api, ApiError, quantity
+from hvconform.targets.realnode.reboot import kubelet_plugin_fds, shut_down_in
 from tests.conformance.minimal_plugin import Faults, MinimalPlugin
 
 T = TypeVar("T")

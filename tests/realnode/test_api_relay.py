@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from conformance.targets.realnode.api_relay import ApiRelay
+from hvconform.targets.realnode.api_relay import ApiRelay
 
 
 def _free_port() -> int:
@@ -73,12 +73,12 @@ def test_the_host_relay_copies_both_ways_and_closes_clean(upstream: int) -> None
 def test_the_relay_process_stops_on_sigterm(upstream: int) -> None:
     listen = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "conformance.targets.realnode.api_relay",
+        [sys.executable, "-m", "hvconform.targets.realnode.api_relay",
          "--listen", f"127.0.0.1:{listen}", "--api-port", str(upstream)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        from conformance.contract.wait import wait_for
+        from hvconform.contract.wait import wait_for
 
         def answers() -> bool:
             try:

@@ -8,7 +8,7 @@ Before this, cluster targets read liveness from the pod's ContainersReady condit
 readiness probe drives (the seed plugin on KIND: cdi-read-only, device-late,
 registration-failure and registration-dir-replaced failed on `liveness must stay true` while it
 re-registered a second after each fault). In-container faults for the shell-less image are made
-by setns(2) (conformance.targets.cluster.setns_faults). Runs in `nox -s exec-probes-live` (apart
+by setns(2) (hvconform.targets.cluster.setns_faults). Runs in `nox -s exec-probes-live` (apart
 from `tests` for CI's time: a node stack up and down, two cluster runs); needs `nox -s
 node-build`.
 """
@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.results import validate_results
-from conformance.targets.realnode import NODE_NAME
+from hvconform.contract.results import validate_results
+from hvconform.targets.realnode import NODE_NAME
 from tests.container.gokvm import NEVER_BACK_SELECTION, NEVER_BACK_VERDICTS, variant_profile
 from tests.fixture_plugins import GO_KVM_DIR
 from tests.realnode.live_runs import cluster_mode_nodes, live_module, skip_unless_live
@@ -43,7 +43,7 @@ UNREADY_FAULTS = {"cdi-missing", "cdi-read-only", "registration-failure",
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[dict[str, str]]:
     skip_unless_live("HV_EXEC_PROBES_LIVE", "exec-probes-live")
-    from conformance.targets.realnode import node_images
+    from hvconform.targets.realnode import node_images
     from tests.container.fixture_image import ensure_in_suite_engine
 
     with cluster_mode_nodes(1) as made:
@@ -54,7 +54,7 @@ def cluster() -> Iterator[dict[str, str]]:
 
 def _run(cluster: dict[str, str], out: Path, profile: Path, *extra: str) -> dict[str, Any]:
     argv = [
-        sys.executable, "-m", "conformance.cli", "run", "--target", "cluster",
+        sys.executable, "-m", "hvconform.cli", "run", "--target", "cluster",
         "--kubeconfig", cluster["kubeconfig"], "--node", NODE_NAME, "--node-access", "pod",
         "--plugin-profile", str(profile), "--guest-image", cluster["guest"],
         "--diag-image", cluster["guest"], "--out", str(out), *extra,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conformance.targets.realnode import NODE_NAME
+from hvconform.targets.realnode import NODE_NAME
 from tests.realnode.live_runs import cluster_mode_nodes, run_output
 
 USES_NODE_STACK = True  # conftest: one node stack at a time on this machine
@@ -47,7 +47,7 @@ def cluster() -> Iterator[dict[str, str]]:
 
 def _run(cluster: dict[str, str], out: Path, access: str, *extra: str) -> dict[str, Any]:
     argv = [
-        sys.executable, "-m", "conformance.cli", "run", "--target", "cluster",
+        sys.executable, "-m", "hvconform.cli", "run", "--target", "cluster",
         "--kubeconfig", cluster["kubeconfig"], "--node", NODE_NAME,
         "--node-access", access, "--image", cluster["plugin"], "--guest-image", cluster["guest"],
         "--diag-image", cluster["guest"], "--out", str(out), *extra,
@@ -88,7 +88,7 @@ def test_pod_route_runs_the_whole_catalogue(cluster: dict[str, str], tmp_path: P
     ]
     ns = next(o["metadata"]["namespace"] for o in applied if o["kind"] == "DaemonSet")
     printed = subprocess.run(
-        [sys.executable, "-m", "conformance.cli", "manifests", "--target", "kind",
+        [sys.executable, "-m", "hvconform.cli", "manifests", "--target", "kind",
          "--image", cluster["plugin"], "--namespace", ns],
         capture_output=True, check=True,
     ).stdout  # fmt: skip
@@ -107,7 +107,7 @@ def test_direct_route_faults_and_restarts(cluster: dict[str, str], tmp_path: Pat
 def test_a_dra_driver_is_judged_on_the_cluster(cluster: dict[str, str], tmp_path: Path) -> None:
     """This repository's driver from its profile's deploy section (the chart in mode: dra),
     reaching the API server in-cluster through the kubernetes Service's address."""
-    from conformance.contract.plugin import SHIPPED_DRA
+    from hvconform.contract.plugin import SHIPPED_DRA
 
     run = _run(cluster, tmp_path / "dra", "direct", "--plugin-profile", str(SHIPPED_DRA))
     expect = {"cdi-missing", "cdi-read-only", "identity-missing", "device-unusable",

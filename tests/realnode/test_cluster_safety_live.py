@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 import yaml
 
-from conformance.contract.plugin import SHIPPED
-from conformance.targets.cluster.access import STATE_DIR
-from conformance.targets.cluster.kube import KubeApi
-from conformance.targets.cluster.workloads import RUN_ID_LABEL
-from conformance.targets.realnode import NODE_NAME
+from hvconform.contract.plugin import SHIPPED
+from hvconform.targets.cluster.access import STATE_DIR
+from hvconform.targets.cluster.kube import KubeApi
+from hvconform.targets.cluster.workloads import RUN_ID_LABEL
+from hvconform.targets.realnode import NODE_NAME
 from tests.realnode.live_runs import cluster_mode_nodes, live_module, run_output, skip_unless_live
 
 # the machine's one node stack, locked only when this module really runs (apart from `tests`,
@@ -50,7 +50,7 @@ def cluster() -> Iterator[dict[str, str]]:
 def _profile(tmp_path: Path, image: str) -> Path:
     """The shipped profile with its objects as manifest files, plus a profile author's."""
     rendered = subprocess.run(
-        [sys.executable, "-m", "conformance.cli", "manifests", "--target", "kind",
+        [sys.executable, "-m", "hvconform.cli", "manifests", "--target", "kind",
          "--image", image],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
@@ -98,7 +98,7 @@ def _argv(cluster: dict[str, str], profile: Path, out: Path, *extra: str) -> lis
     return [
         sys.executable,
         "-m",
-        "conformance.cli",
+        "hvconform.cli",
         "run",
         "--target",
         "cluster",
@@ -204,7 +204,7 @@ def test_a_killed_run_is_cleaned_up_by_its_label(cluster: dict[str, str], tmp_pa
             [
                 sys.executable,
                 "-m",
-                "conformance.cli",
+                "hvconform.cli",
                 "cleanup",
                 "--kubeconfig",
                 cluster["kubeconfig"],

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from conformance.targets.realnode import BIN, CDI_DIR, REPO, procs, stack
-from conformance.targets.realnode.configs import PKI
-from plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hvconform.targets.realnode import BIN, CDI_DIR, REPO, procs, stack
+from hvconform.targets.realnode.configs import PKI
 from tests.conformance.minimal_plugin import HEALTHY, UNHEALTHY, Faults
 from tests.realnode.sides import EmulatorSide, PluginThread, RealSide, Side, settle, write_cdi_spec
 

@@ -31,12 +31,12 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.wait import wait_for
-from conformance.targets.realnode import BIN, CDI_DIR, NODE_NAME, REPO, procs, stack
-from conformance.targets.realnode.configs import NAMESPACE, PKI, workload_pod
-from conformance.targets.realnode.kubeapi import Api, ApiError
-from plugin.api.dra_wire import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
-from plugin.api.names import DRA_DRIVER, HYPERVISOR_RESOURCE
+from hv_device_plugin.api.dra_wire import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
+from hv_device_plugin.api.names import DRA_DRIVER, HYPERVISOR_RESOURCE
+from hvconform.contract.wait import wait_for
+from hvconform.targets.realnode import BIN, CDI_DIR, NODE_NAME, REPO, procs, stack
+from hvconform.targets.realnode.configs import NAMESPACE, PKI, workload_pod
+from hvconform.targets.realnode.kubeapi import Api, ApiError
 from tests.chart.helm import template
 from tests.realnode.live_runs import kvm
 
@@ -75,7 +75,7 @@ def driver(
     DRIVER_DIR.mkdir(parents=True, exist_ok=True)  # under the stack's kubelet root: node-down
     Path(PLUGINS_REGISTRY_DIR).mkdir(parents=True, exist_ok=True)
     log = (tmp_path_factory.mktemp("dra") / "driver.log").open("wb")
-    argv = [sys.executable, "-m", "plugin", "--mode", "dra", "--node-name", NODE_NAME,
+    argv = [sys.executable, "-m", "hv_device_plugin", "--mode", "dra", "--node-name", NODE_NAME,
             "--hypervisor-device", "/dev/kvm", "--cdi-dir", str(CDI_DIR), "--health-addr", "",
             "--kube-api-server", "https://127.0.0.1:16443", "--kube-ca-file", str(PKI / "ca.crt"),
             "--kube-client-cert", str(PKI / "admin.crt"), "--kube-client-key",
@@ -170,7 +170,7 @@ class Guest:
         wait_for(lambda: self.pod() is None, LIVE_S, f"pod {self.name} deleted")
 
 
-COUNTER = ["/usr/bin/python3", "-m", "conformance.guest", "counter", "--device", "/dev/kvm",
+COUNTER = ["/usr/bin/python3", "-m", "hvconform.guest", "counter", "--device", "/dev/kvm",
            "--state-file", "/state/c.json", "--interval", "0.05"]  # fmt: skip
 
 

@@ -13,11 +13,11 @@ from typing import Any
 import grpc
 import pytest
 
-from conformance.contract.dra import unprepare_failed
-from conformance.targets.realnode import procs
-from conformance.targets.realnode.dra_node import RealDraNode
-from plugin.api import pluginregistration_pb2 as reg_pb
-from plugin.api import pluginregistration_pb2_grpc as reg_grpc
+from hv_device_plugin.api import pluginregistration_pb2 as reg_pb
+from hv_device_plugin.api import pluginregistration_pb2_grpc as reg_grpc
+from hvconform.contract.dra import unprepare_failed
+from hvconform.targets.realnode import procs
+from hvconform.targets.realnode.dra_node import RealDraNode
 
 DRIVER = "hypervisor.hyperlight.dev"
 # as the v1.37.2 kubelet logs a failed NodeUnprepareResources (pod_workers.go)

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conformance.contract.dra_profile import API_DRA
-from conformance.scenarios import CATALOGUE
-from conformance.targets.realnode import BIN, REPO
+from hvconform.contract.dra_profile import API_DRA
+from hvconform.scenarios import CATALOGUE
+from hvconform.targets.realnode import BIN, REPO
 from tests.realnode.live_runs import live_module, run_node, skip_unless_live, statuses
 
 # the machine's one node stack, locked only when this module really runs: apart from `tests`
@@ -44,7 +44,9 @@ def _built() -> None:
 def _mutant(tmp_path: Path, module: str) -> Path:
     data = yaml.safe_load(PROFILE.read_text())
     command = list(data["command"])
-    command[command.index("plugin")] = module  # `{python} -m <module>`: the mutant's entry
+    command[command.index("hv_device_plugin")] = (
+        module  # `{python} -m <module>`: the mutant's entry
+    )
     data["command"] = command
     data["name"] = module.rpartition(".")[2]
     data["env"] = {"PYTHONPATH": str(REPO)}  # the mutants live in tests/, not installed

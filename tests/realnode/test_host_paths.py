@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from conformance.contract.ledger import Ledger, read_entries, survivors
-from conformance.contract.plugin import ProfileError, load_profile
-from conformance.contract.results import EnvironmentBlocked
-from conformance.targets.realnode import stack
-from conformance.targets.realnode.dra_node import RealDraNode
-from plugin.api.dra_wire import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
+from hv_device_plugin.api.dra_wire import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
+from hvconform.contract.ledger import Ledger, read_entries, survivors
+from hvconform.contract.plugin import ProfileError, load_profile
+from hvconform.contract.results import EnvironmentBlocked
+from hvconform.targets.realnode import stack
+from hvconform.targets.realnode.dra_node import RealDraNode
 
 DRIVER = "d.example.com"
 CLASS = """apiVersion: resource.k8s.io/v1
@@ -175,7 +175,7 @@ def test_a_fifo_as_device_class_is_refused_at_once_by_the_cli(tmp_path: Path) ->
     profile = _profile(tmp_path, _dra(deviceClass=str(fifo)))
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "conformance.cli", "run", "--target", "node",
+        [sys.executable, "-m", "hvconform.cli", "run", "--target", "node",
          "--plugin-profile", str(profile), "--reports-root", str(tmp_path / "reports")],
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )  # fmt: skip

@@ -34,10 +34,10 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.wait import wait_for
-from conformance.targets.cluster.kube import KubeApi, Obj
-from conformance.targets.realnode import node_images, nodes, procs, stack
-from plugin.api.names import HYPERVISOR_RESOURCE
+from hv_device_plugin.api.names import HYPERVISOR_RESOURCE
+from hvconform.contract.wait import wait_for
+from hvconform.targets.cluster.kube import KubeApi, Obj
+from hvconform.targets.realnode import node_images, nodes, procs, stack
 from tests.realnode.live_runs import kvm, live_module, skip_unless_live
 from tests.realnode.pool_guests import Guests, via_device_plugin, via_dra
 from tests.realnode.pools import (

@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.plugin import SHIPPED
-from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
-from conformance.targets.realnode import CONTAINERD2_VERSION, NODE_NAME, REPO
-from conformance.targets.realnode.runtimes import RUNTIMES
+from hvconform.contract.plugin import SHIPPED
+from hvconform.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
+from hvconform.targets.realnode import CONTAINERD2_VERSION, NODE_NAME, REPO
+from hvconform.targets.realnode.runtimes import RUNTIMES
 from tests.fixture_plugins import build_go_kvm
 from tests.realnode.live_runs import (
     cluster_mode_nodes,
@@ -85,7 +85,7 @@ def test_a_runtime_with_cdi_off_is_blamed_never_the_plugin(tmp_path: Path) -> No
 
 def _cluster_run(made: dict[str, str], out: Path, marks: str) -> subprocess.CompletedProcess[str]:
     argv = [
-        sys.executable, "-m", "conformance.cli", "run", "--target", "cluster",
+        sys.executable, "-m", "hvconform.cli", "run", "--target", "cluster",
         "--kubeconfig", made["kubeconfig"], "--node", NODE_NAME, "--node-access", "pod",
         "--image", made["plugin"], "--guest-image", made["guest"],
         "--diag-image", made["guest"], "--out", str(out), "-m", marks,

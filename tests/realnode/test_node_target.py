@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conformance.contract.node import (
+from hvconform.contract.node import (
     CAP_DEVICE_REMAP,
     CAP_LIVENESS,
     CAP_READINESS,
     CAP_SOCKET_REDIRECT,
 )
-from conformance.contract.plugin import SHIPPED, Probe, load_profile
-from conformance.targets.realnode import BIN, CDI_DIR, HOST_DEV, PLUGIN_DIR, REPO, procs
-from conformance.targets.realnode.node import WORKLOAD_CAPABILITIES, RealNode
-from conformance.targets.realnode.sandboxed import (
+from hvconform.contract.plugin import SHIPPED, Probe, load_profile
+from hvconform.targets.realnode import BIN, CDI_DIR, HOST_DEV, PLUGIN_DIR, REPO, procs
+from hvconform.targets.realnode.node import WORKLOAD_CAPABILITIES, RealNode
+from hvconform.targets.realnode.sandboxed import (
     host_network_argv,
     observed_capabilities,
     plugin_binds,

@@ -1,4 +1,4 @@
-"""The node init's kubelet hold (conformance.contract.nodeinit HOLD_FILE), with real processes:
+"""The node init's kubelet hold (hvconform.contract.nodeinit HOLD_FILE), with real processes:
 a kubelet that exits while the hold file exists stays down; removing it starts a new one, as
 `systemctl stop/start kubelet` do on kind. The "kubelet" here is a real `sleep` process."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.contract.nodeinit import HOLD_FILE
-from conformance.contract.wait import wait_for
-from conformance.targets.realnode.nodeinit import RESTART_DELAY_S, Init
+from hvconform.contract.nodeinit import HOLD_FILE
+from hvconform.contract.wait import wait_for
+from hvconform.targets.realnode.nodeinit import RESTART_DELAY_S, Init
 
 
 @pytest.fixture

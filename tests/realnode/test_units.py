@@ -12,18 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from conformance.contract.podresources import devices as _devices
-from conformance.contract.podresources import fields
-from conformance.targets.realnode import KUBERNETES_VERSION, REPO, STAGING_VERSION
-from conformance.targets.realnode.build import render_build_module
-from conformance.targets.realnode.configs import (
+from hvconform.contract.podresources import devices as _devices
+from hvconform.contract.podresources import fields
+from hvconform.targets.realnode import KUBERNETES_VERSION, REPO, STAGING_VERSION
+from hvconform.targets.realnode.build import render_build_module
+from hvconform.targets.realnode.configs import (
     containerd_config,
     containerd_config_v3,
     kubelet_config,
 )
-from conformance.targets.realnode.image import image_archive
-from conformance.targets.realnode.kubeapi import quantity
-from conformance.targets.realnode.pki import kubeconfig, make_pki
+from hvconform.targets.realnode.image import image_archive
+from hvconform.targets.realnode.kubeapi import quantity
+from hvconform.targets.realnode.pki import kubeconfig, make_pki
 
 RELEASE_GO_MOD = """module k8s.io/kubernetes
 

@@ -30,9 +30,9 @@ from typing import Any
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from conformance.contract.dra_profile import API_DEVICE_PLUGIN
-from conformance.contract.results import validate_results
-from conformance.scenarios import judging
+from hvconform.contract.dra_profile import API_DEVICE_PLUGIN
+from hvconform.contract.results import validate_results
+from hvconform.scenarios import judging
 from tests.fixture_plugins import GO_KVM_DIR, build_go_kvm
 from tests.release.wheelbuild import SELECTION, build_wheel, interpreter
 
@@ -52,15 +52,16 @@ EXPECTED = [c.id for c in judging(API_DEVICE_PLUGIN) if c.marker in ("guest", "c
 # Asked of the installed package, from the run directory: where it found each of its data files.
 PROBE = """
 import json, sys, sysconfig
-from importlib import metadata
-import conformance, plugin
-from conformance.contract.cluster_options import ClusterOptions
-from conformance.contract.plugin import SHIPPED, SHIPPED_DRA, shipped_profiles
-from conformance.manifests.chart import chart_dir
+from importlib import metadata, util
+import hvconform, hv_device_plugin
+from hvconform.contract.cluster_options import ClusterOptions
+from hvconform.contract.plugin import SHIPPED, SHIPPED_DRA, shipped_profiles
+from hvconform.manifests.chart import chart_dir
 dist = metadata.distribution("hv-device-plugin")
 print(json.dumps({
     "site": sysconfig.get_paths()["purelib"],
-    "modules": [conformance.__file__, plugin.__file__],
+    "modules": [hvconform.__file__, hv_device_plugin.__file__],
+    "folder_names": [n for n in ("plugin", "conformance") if util.find_spec(n) is not None],
     "data": [str(chart_dir()), str(SHIPPED), str(SHIPPED_DRA), ClusterOptions().kind_config],
     "charts": sorted({p.deploy.chart.path for p in shipped_profiles() if p.deploy and p.deploy.chart}),
     "top": sorted({f.parts[0] for f in dist.files or () if f.parts[0] != ".."}),
@@ -127,7 +128,7 @@ def user_profiles(where: Path) -> tuple[Path, Path]:
     shutil.copy2(build_go_kvm(), go_kvm / "bin" / "go-kvm")
     minimal = where / "mine" / "profile.yaml"
     minimal.parent.mkdir()
-    minimal.write_text('command: ["{python}", "-m", "plugin"]\n')
+    minimal.write_text('command: ["{python}", "-m", "hv_device_plugin"]\n')
     return go_kvm / "profile.yaml", minimal
 
 
@@ -148,12 +149,14 @@ def test_wheel_runs_from_anywhere(version: str, wheel: Path, tmp_path: Path) -> 
     assert SpecifierSet(found["requires_python"]) == SpecifierSet(CLAIMED)
     assert SpecifierSet(CLAIMED).contains(f"{version}.0")
     assert site.is_relative_to(venv) and not site.is_relative_to(ROOT)
-    # The wheel's top level: the two packages and its metadata, no charts/ or kind/ (until the
-    # rename of issue 36, the packages are still named plugin and conformance).
-    assert found["top"] == ["conformance", "hv_device_plugin-0.1.0.dist-info", "plugin"]
+    # The wheel's top level: the two packages under the project's own import names and its
+    # metadata; no charts/ or kind/, and no generic `plugin` or `conformance` (issue 36).
+    assert found["top"] == ["hv_device_plugin", "hv_device_plugin-0.1.0.dist-info", "hvconform"]
+    assert found["folder_names"] == []
+    assert not (site / "plugin").exists() and not (site / "conformance").exists()
     for path in [*found["modules"], *found["data"], *found["charts"]]:
-        assert Path(path).is_relative_to(site / "conformance") or Path(path).is_relative_to(
-            site / "plugin"
+        assert Path(path).is_relative_to(site / "hvconform") or Path(path).is_relative_to(
+            site / "hv_device_plugin"
         ), path
         assert Path(path).exists(), path
     assert found["charts"] == [found["data"][0]]  # both shipped profiles name the shipped chart

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.contract import manifest
-from conformance.report import evidence, render_all
+from hvconform.contract import manifest
+from hvconform.report import evidence, render_all
 from tests.report.conftest import make_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ _MEASURE = (
 
 def report_in_child(results: Path) -> tuple[int, str, float]:
     """Exit code, output and peak RSS (MiB) of `hvconform report RESULTS` in its own process."""
-    cmd = [sys.executable, "-c", _MEASURE, sys.executable, "-m", "conformance.cli", "report"]
+    cmd = [sys.executable, "-c", _MEASURE, sys.executable, "-m", "hvconform.cli", "report"]
     proc = subprocess.run(
         [*cmd, str(results)], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.report.cli import register
+from hvconform.report.cli import register
 from tests.report.conftest import make_run
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import cli
-from conformance.report import compare_model as cm
-from conformance.report.compare import compare, load, main, render_markdown
+from hvconform import cli
+from hvconform.report import compare_model as cm
+from hvconform.report.compare import compare, load, main, render_markdown
 from tests.report.conftest import FIXTURES, GOLDEN
 
 PAIR = FIXTURES / "compare"

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from conformance.report.browser import Chromium, find_chromium
-from conformance.report.compare import main
+from hvconform.report.browser import Chromium, find_chromium
+from hvconform.report.compare import main
 from tests.report.conftest import FIXTURES
 from tests.report.test_html_browser import external_references, keep
 

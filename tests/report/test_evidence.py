@@ -7,8 +7,8 @@ import os
 import tarfile
 from pathlib import Path
 
-from conformance.report import render_all
-from conformance.report.evidence import bundle, mtime_of
+from hvconform.report import render_all
+from hvconform.report.evidence import bundle, mtime_of
 from tests.report.conftest import make_run
 
 

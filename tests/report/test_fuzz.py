@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conformance.report import junit
-from conformance.report.model import build
-from conformance.report.render import ReportError, load_results, render_html, render_markdown
+from hvconform.report import junit
+from hvconform.report.model import build
+from hvconform.report.render import ReportError, load_results, render_html, render_markdown
 from tests.report.conftest import FIXTURES
 from tests.report.hostile import CONTROL, HTML_TAGS, MD_TAGS, PAYLOADS, commonmark, live_markup
 
@@ -156,8 +156,8 @@ def test_compare_of_any_two_documents_is_rendered_or_refused(
 ) -> None:
     """`hvconform compare A B` over hostile documents (issue 27): one-line refusal (exit 2) or
     both reports rendered with no live markup; never a crash."""
-    from conformance.report.compare import CompareError, compare, load, render_html
-    from conformance.report.compare import render_markdown as compare_markdown
+    from hvconform.report.compare import CompareError, compare, load, render_html
+    from hvconform.report.compare import render_markdown as compare_markdown
 
     (run_dir / "a").mkdir(exist_ok=True)
     (run_dir / "b").mkdir(exist_ok=True)

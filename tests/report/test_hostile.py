@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.report import render_all
-from conformance.report.browser import Chromium, find_chromium
-from conformance.report.text import visible
+from hvconform.report import render_all
+from hvconform.report.browser import Chromium, find_chromium
+from hvconform.report.text import visible
 from tests.report.hostile import (
     CONTROL,
     HTML_TAGS,

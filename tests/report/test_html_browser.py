@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.report import render_all
-from conformance.report.browser import Chromium, find_chromium
+from hvconform.report import render_all
+from hvconform.report.browser import Chromium, find_chromium
 from tests.report.conftest import NAMES, make_run
 
 URL_ATTRS = {"src", "href", "xlink:href", "action", "formaction", "poster", "srcset", "data"}
@@ -119,7 +119,7 @@ def test_cli_screenshot_is_bundled(tmp_path: Path) -> None:
     import argparse
     import tarfile
 
-    from conformance.report.cli import register
+    from hvconform.report.cli import register
 
     if find_chromium() is None:
         pytest.fail("the HTML report tests need Chromium: apt-get install chromium")

@@ -6,7 +6,7 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from conformance.report import render_all
+from hvconform.report import render_all
 from tests.report.conftest import FIXTURES
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.report.model import build
-from conformance.report.render import ReportError, load_results, render_markdown
+from hvconform.report.model import build
+from hvconform.report.render import ReportError, load_results, render_markdown
 from tests.report.conftest import FIXTURES, GOLDEN, NAMES
 
 

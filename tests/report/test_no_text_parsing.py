@@ -100,7 +100,7 @@ def test_no_status_reason_or_event_is_matched_by_its_text() -> None:
         if (path, where, what) not in ALLOWED
     ]
     assert not unexpected, (
-        "status, reason and event travel as typed fields (conformance.suite.outcomes, "
+        "status, reason and event travel as typed fields (hvconform.suite.outcomes, "
         "results 1.3); a text match needs an ALLOWED entry saying why it is about something "
         "else:\n" + "\n".join(unexpected)
     )

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from conformance.contract.safewrite import write_atomic
+from hvconform.contract.safewrite import write_atomic
 from tests.report.conftest import FIXTURES
 
 PAIR = FIXTURES / "compare"
-HVCONFORM = [sys.executable, "-m", "conformance.cli"]
+HVCONFORM = [sys.executable, "-m", "hvconform.cli"]
 
 
 def test_a_planted_symlink_is_replaced_never_followed(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conformance.report.model import build, environment_rows
-from conformance.report.render import load_results, render_html, render_markdown
+from hvconform.report.model import build, environment_rows
+from hvconform.report.render import load_results, render_html, render_markdown
 from tests.report.conftest import FIXTURES
 
 GO_KVM = "/work/fixtures/plugins/go-kvm/bin/go-kvm"

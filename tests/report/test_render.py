@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.report import append_step_summary, render_all
-from conformance.report.render import STEP_SUMMARY_LIMIT, environment
+from hvconform.report import append_step_summary, render_all
+from hvconform.report.render import STEP_SUMMARY_LIMIT, environment
 from tests.report.conftest import ROOT, make_run
 
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from conformance.report import junit
-from conformance.report.model import MAX_EVENTS_PER_CHECK, MAX_FIGURES_PER_CHECK, build
-from conformance.report.render import (
+from hvconform.report import junit
+from hvconform.report.model import MAX_EVENTS_PER_CHECK, MAX_FIGURES_PER_CHECK, build
+from hvconform.report.render import (
     MAX_RESULTS_BYTES,
     MAX_RESULTS_VALUES,
     ReportError,
@@ -24,7 +24,7 @@ from conformance.report.render import (
 )
 from tests.report.conftest import FIXTURES
 
-HVCONFORM = [sys.executable, "-m", "conformance.cli"]
+HVCONFORM = [sys.executable, "-m", "hvconform.cli"]
 OUTPUTS = ("report.md", "report.html", "junit.xml", "evidence.tar.gz")
 
 

@@ -1,4 +1,4 @@
-"""conformance.suite.outcomes: what ended a test phase becomes typed fields, read from the
+"""hvconform.suite.outcomes: what ended a test phase becomes typed fields, read from the
 exception object, never from pytest's text (which may say anything: it is only a display)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any, cast
 
 import pytest
 
-from conformance.contract.results import Blocked, EnvironmentBlocked, NotApplicable
-from conformance.contract.wait import expired
-from conformance.suite import outcomes
+from hvconform.contract.results import Blocked, EnvironmentBlocked, NotApplicable
+from hvconform.contract.wait import expired
+from hvconform.suite import outcomes
 
 
 class Item:

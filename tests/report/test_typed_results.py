@@ -14,12 +14,12 @@ from typing import Any
 import jsonschema
 import pytest
 
-from conformance.contract.results import validate_results
-from conformance.contract.wait import expired
-from conformance.report import junit
-from conformance.report.model import CheckView, build
+from hvconform.contract.results import validate_results
+from hvconform.contract.wait import expired
+from hvconform.report import junit
+from hvconform.report.model import CheckView, build
 
-WAIT_TEXT = "conformance.contract.wait.WaitExpired: wait 'spec again' expired after 3s (last: None)"
+WAIT_TEXT = "hvconform.contract.wait.WaitExpired: wait 'spec again' expired after 3s (last: None)"
 
 
 def results(version: str) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conformance.report.model import build
+from hvconform.report.model import build
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "results" / "all-passed.json"
 

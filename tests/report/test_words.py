@@ -6,8 +6,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conformance.report import legacy, svg, words
-from conformance.report.model import CheckView, Event
+from hvconform.report import legacy, svg, words
+from hvconform.report.model import CheckView, Event
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def old(reason: str) -> legacy.Recovered:
 def test_pre_1_3_reasons_name_the_wait_or_the_error() -> None:
     """Results written before 1.3 (here, before 1.2) carry the wait only in its message."""
     wait = (
-        "conformance.contract.wait.WaitExpired: "
+        "hvconform.contract.wait.WaitExpired: "
         "wait 'plugin readiness (x)' expired after 60s (last: False)"
     )
     found = old(wait)
@@ -79,7 +79,7 @@ def test_pre_1_3_reasons_name_the_wait_or_the_error() -> None:
 
 def test_typed_wait_fields_become_a_sentence() -> None:
     """Schema 1.2: the expired wait's typed fields, not its message, make the words."""
-    from conformance.contract.wait import expired
+    from hvconform.contract.wait import expired
 
     facts = expired("allocatable > 0 (after restore)", 60, False).facts
     assert facts is not None
@@ -156,7 +156,7 @@ def test_timeline_draws_every_event_and_the_outage() -> None:
 
 
 def test_a_failed_timeline_ends_in_the_failure() -> None:
-    from conformance.contract.wait import expired
+    from hvconform.contract.wait import expired
 
     facts = expired("spec again", 3, None).facts
     assert facts is not None

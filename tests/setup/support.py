@@ -60,7 +60,7 @@ class Checkout:
     ) -> subprocess.CompletedProcess[str]:
         """`hvconform ARGS` as the clone's own interpreter runs it, from the clone."""
         return subprocess.run(
-            [str(self.python), "-m", "conformance.cli", *args],
+            [str(self.python), "-m", "hvconform.cli", *args],
             cwd=self.root,
             capture_output=True,
             text=True,

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.dra_profile import API_DEVICE_PLUGIN
-from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
-from conformance.contract.results import validate_results
-from conformance.scenarios import judging
+from hvconform.contract.dra_profile import API_DEVICE_PLUGIN
+from hvconform.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
+from hvconform.contract.results import validate_results
+from hvconform.scenarios import judging
 from tests.setup.support import REPO, standin, unreachable_python
 from tests.setup.test_preconditions import CONTAINERD_16
 
@@ -46,7 +46,7 @@ def blocked_run(
     path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}" if bin_dir else os.environ["PATH"]
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "conformance.cli", "run", "--out", str(out), *args],
+        [sys.executable, "-m", "hvconform.cli", "run", "--out", str(out), *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -126,7 +126,7 @@ def test_container_runtime_with_an_engine_that_does_not_answer(tmp_path: Path) -
 
 def test_a_docker_host_that_is_not_an_engine_url_is_refused_in_one_line(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "conformance.cli", "run", "--runtime", "container",
+        [sys.executable, "-m", "hvconform.cli", "run", "--runtime", "container",
          "--docker-host", "/var/run/docker.sock", "--out", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=120, cwd=REPO, check=False,
     )  # fmt: skip

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.preconditions import version_of
-from conformance.report.env_facts import rows
-from conformance.targets import preflight
-from conformance.targets.cluster.kube import KubeApi
-from conformance.targets.cluster.preflight import cluster_facts
-from conformance.targets.realnode import preflight as node_preflight
+from hvconform.contract.preconditions import version_of
+from hvconform.report.env_facts import rows
+from hvconform.targets import preflight
+from hvconform.targets.cluster.kube import KubeApi
+from hvconform.targets.cluster.preflight import cluster_facts
+from hvconform.targets.realnode import preflight as node_preflight
 from tests.setup.support import standin
 from tests.targets.fake_kube import FakeKube
 from tests.targets.fakes import CONTRACTS, load_rules

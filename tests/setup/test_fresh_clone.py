@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.contract.results import SCHEMA_VERSION
-from conformance.targets.local.workload_program import STAGE_PARENT, STAGE_PREFIX
+from hvconform.contract.results import SCHEMA_VERSION
+from hvconform.targets.local.workload_program import STAGE_PARENT, STAGE_PREFIX
 from tests.setup.support import Checkout, fresh_checkout
 
 KVM = "/dev/kvm"

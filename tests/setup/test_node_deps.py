@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.targets.realnode import deps
+from hvconform.targets.realnode import deps
 from tests.setup.support import REPO
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
@@ -41,7 +41,7 @@ def apt_state() -> dict[str, object]:
 def test_dry_run_asks_apt_and_changes_nothing() -> None:
     before = apt_state()
     res = subprocess.run(
-        [sys.executable, "-m", "conformance.targets.realnode.deps", "--dry-run"],
+        [sys.executable, "-m", "hvconform.targets.realnode.deps", "--dry-run"],
         capture_output=True,
         text=True,
         timeout=600,

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from conformance.contract import hostfacts
-from conformance.contract.preconditions import Finding, Requirement
-from conformance.targets import preflight
-from conformance.targets.cluster.kindbin import KIND_VERSION
-from conformance.targets.local.runtime import workload_python
-from conformance.targets.realnode import REPO
-from conformance.targets.realnode import preflight as node_preflight
-from conformance.targets.realnode.runtimes import RUNTIMES
+from hvconform.contract import hostfacts
+from hvconform.contract.preconditions import Finding, Requirement
+from hvconform.targets import preflight
+from hvconform.targets.cluster.kindbin import KIND_VERSION
+from hvconform.targets.local.runtime import workload_python
+from hvconform.targets.realnode import REPO
+from hvconform.targets.realnode import preflight as node_preflight
+from hvconform.targets.realnode.runtimes import RUNTIMES
 from tests.setup.support import standin, unreachable_python
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
@@ -169,7 +169,7 @@ def test_go_too_old(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_root_needed() -> None:
     """The requirement evaluated in a process that dropped to uid 65534 after its imports."""
     code = (
-        "import os; from conformance.contract import hostfacts as h; "
+        "import os; from hvconform.contract import hostfacts as h; "
         "os.setgroups([]); os.setgid(65534); os.setuid(65534); print(h.root('x').check().line())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from conformance.targets import TARGETS
-from conformance.targets.cluster.plan import ClusterOptions
+from hvconform.targets import TARGETS
+from hvconform.targets.cluster.plan import ClusterOptions
 from tests.targets.fake_kube import FakeKube
 from tests.targets.fakes import CONTRACTS, install_fakes, load_rules, read_log
 
@@ -49,7 +49,7 @@ def contract_options(target: str, tmp_path: Path, **kw: Any) -> ClusterOptions:
         "rollout_timeout": 3.0,
         "pod_timeout": 3.0,
         "delete_timeout": 3.0,
-        # as the registry resolves them for the target (conformance.targets.cluster_options)
+        # as the registry resolves them for the target (hvconform.targets.cluster_options)
         "default_namespace": TARGETS[target].plugin_namespace,
     }
     base.update(kw)

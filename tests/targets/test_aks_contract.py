@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.node import CAP_DEVICE_VIEW, CAP_GUEST, CAP_LONG_GUEST, CAP_PLUGIN_RESTART
-from conformance.contract.results import EnvironmentBlocked, NotApplicable
-from conformance.targets import build_plan
-from conformance.targets.cluster.aks import AksLifecycle
-from conformance.targets.cluster.lifecycle import CleanupIncomplete, Terminated
-from conformance.targets.cluster.run import open_cluster, values_key
+from hvconform.contract.node import CAP_DEVICE_VIEW, CAP_GUEST, CAP_LONG_GUEST, CAP_PLUGIN_RESTART
+from hvconform.contract.results import EnvironmentBlocked, NotApplicable
+from hvconform.targets import build_plan
+from hvconform.targets.cluster.aks import AksLifecycle
+from hvconform.targets.cluster.lifecycle import CleanupIncomplete, Terminated
+from hvconform.targets.cluster.run import open_cluster, values_key
 from tests.targets.conftest import Recorded, contract_options, recorded_objects
 from tests.targets.test_kind_contract import planned_commands
 

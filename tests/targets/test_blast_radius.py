@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
-from conformance.contract.deploy import table_namespaced
-from conformance.manifests.blast import Refused, gate
-from conformance.targets.cluster.deploy import Deployer
-from conformance.targets.cluster.kube import KubeApi, ResourceInfo, UnsafePath, table_resource
-from conformance.targets.cluster.sweep import sweep
-from conformance.targets.cluster.workloads import MANAGED, RUN_ID_LABEL
+from hvconform.contract.deploy import table_namespaced
+from hvconform.manifests.blast import Refused, gate
+from hvconform.targets.cluster.deploy import Deployer
+from hvconform.targets.cluster.kube import KubeApi, ResourceInfo, UnsafePath, table_resource
+from hvconform.targets.cluster.sweep import sweep
+from hvconform.targets.cluster.workloads import MANAGED, RUN_ID_LABEL
 from tests.targets.conftest import contract_options
 from tests.targets.fake_kube import FakeKube
 from tests.targets.fakes import CONTRACTS, load_rules
@@ -181,7 +181,7 @@ def _dry_run(profile: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     argv = [
         sys.executable,
         "-m",
-        "conformance.cli",
+        "hvconform.cli",
         "run",
         "--target",
         "cluster",
@@ -310,7 +310,7 @@ def test_a_dry_run_against_a_cluster_takes_scope_from_its_discovery(
     fake, _ = kube
     profile = _profile(tmp_path, [WIDGET])
     config = str(tmp_path / "kubeconfig")
-    argv = [sys.executable, "-m", "conformance.cli", "run", "--target", "cluster",
+    argv = [sys.executable, "-m", "hvconform.cli", "run", "--target", "cluster",
             "--kubeconfig", config, "--node", "n1", "--plugin-profile", str(profile),
             "--dry-run"]  # fmt: skip
     refused = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
@@ -332,7 +332,7 @@ def test_a_dry_run_against_a_cluster_takes_scope_from_its_discovery(
 def test_the_run_refuses_an_object_whose_scope_differs_from_the_plan(
     kube: Any, tmp_path: Path
 ) -> None:
-    from conformance.contract.results import EnvironmentBlocked
+    from hvconform.contract.results import EnvironmentBlocked
 
     _, api = kube
     options = contract_options("cluster", tmp_path, kubeconfig=str(tmp_path / "kubeconfig"))

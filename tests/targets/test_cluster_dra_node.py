@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from conformance.contract.dra import (
+from hvconform.contract.dra import (
     CAP_DRA,
     CAP_REGISTRATION_SOCKET,
     DELETION_GRACE_S,
@@ -18,10 +18,10 @@ from conformance.contract.dra import (
     UNPREPARE_FAILED,
     slice_view,
 )
-from conformance.contract.node import CAP_NODE_REBOOT, CAP_PLUGIN_RESTART
-from conformance.targets.cluster.dra_node import PREPARE_FAILED, ClusterDraNode
-from conformance.targets.cluster.kubelet import KUBELET_STOP
-from conformance.targets.cluster.workloads import workload_pod
+from hvconform.contract.node import CAP_NODE_REBOOT, CAP_PLUGIN_RESTART
+from hvconform.targets.cluster.dra_node import PREPARE_FAILED, ClusterDraNode
+from hvconform.targets.cluster.kubelet import KUBELET_STOP
+from hvconform.targets.cluster.workloads import workload_pod
 
 NODE, DRIVER, NS = "hvt-control-plane", "hypervisor.hyperlight.dev", "hvconform-work-x"
 

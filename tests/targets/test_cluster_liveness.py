@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from conformance.targets.cluster.plugin_pod import live_window, liveness_problem
+from hvconform.targets.cluster.plugin_pod import live_window, liveness_problem
 from tests.targets.conftest import Recorded
 from tests.targets.test_kind_contract import kind_run
 

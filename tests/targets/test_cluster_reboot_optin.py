@@ -16,20 +16,20 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.node import CAP_NODE_REBOOT, require
-from conformance.contract.plugin import resolve as resolve_plugin
-from conformance.contract.results import NotApplicable
-from conformance.contract.runcontext import RunContext
-from conformance.contract.wait import wait_for
-from conformance.targets.cluster.access import (
+from hvconform.contract.node import CAP_NODE_REBOOT, require
+from hvconform.contract.plugin import resolve as resolve_plugin
+from hvconform.contract.results import NotApplicable
+from hvconform.contract.runcontext import RunContext
+from hvconform.contract.wait import wait_for
+from hvconform.targets.cluster.access import (
     CommandRunner,
     DirectAccess,
     DockerExecAccess,
     PodExecAccess,
 )
-from conformance.targets.cluster.kube import ExecResult
-from conformance.targets.cluster.podresources import NodePodResources, _devices, checkpoint_pods
-from conformance.targets.cluster.reboot import KUBELET_FDS, AllocatableSampler, ClusterNodeFaults
+from hvconform.targets.cluster.kube import ExecResult
+from hvconform.targets.cluster.podresources import NodePodResources, _devices, checkpoint_pods
+from hvconform.targets.cluster.reboot import KUBELET_FDS, AllocatableSampler, ClusterNodeFaults
 from tests.targets.conftest import RUN_ID
 from tests.targets.test_cluster_target import KUBECONFIG, options
 
@@ -38,7 +38,7 @@ RESOURCE = "hyperlight.dev/hypervisor"
 
 def _plan(*extra: str) -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "conformance.cli", "run", "--target", "cluster", "--node",
+        [sys.executable, "-m", "hvconform.cli", "run", "--target", "cluster", "--node",
          "hv-node-7", "--kubeconfig", str(KUBECONFIG), "--dry-run", *extra],
         capture_output=True, text=True, check=True,
     )  # fmt: skip

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from conformance.targets import build_plan, cluster_options
-from conformance.targets.cluster.access import DirectAccess, NodeAccessError, local_kubelet
-from conformance.targets.cluster.existing import ExistingLifecycle, parse
-from conformance.targets.cluster.plan import ClusterOptions, Step
+from hvconform.targets import build_plan, cluster_options
+from hvconform.targets.cluster.access import DirectAccess, NodeAccessError, local_kubelet
+from hvconform.targets.cluster.existing import ExistingLifecycle, parse
+from hvconform.targets.cluster.plan import ClusterOptions, Step
 from tests.targets.conftest import RUN_ID, recorded_objects
 
 KUBECONFIG = Path(__file__).resolve().parents[2] / "fixtures" / "plans" / "kubeconfig.yaml"
@@ -41,7 +41,7 @@ def test_the_shipped_profile_applies_what_hvconform_manifests_prints(tmp_path: P
     o = options(workdir=str(tmp_path))
     lifecycle = ExistingLifecycle(o)
     printed = subprocess.run(
-        [sys.executable, "-m", "conformance.cli", "manifests", "--target", "kind",
+        [sys.executable, "-m", "hvconform.cli", "manifests", "--target", "kind",
          "--image", o.image, "--namespace", o.plugin_namespace],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
@@ -85,7 +85,7 @@ def test_unusable_cluster_options_are_refused(change: dict[str, Any], message: s
 
 def test_the_cli_refuses_a_missing_kubeconfig_in_one_line(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "conformance.cli", "run", "--target", "cluster", "--node", "n1",
+        [sys.executable, "-m", "hvconform.cli", "run", "--target", "cluster", "--node", "n1",
          "--kubeconfig", str(tmp_path / "absent"), "--out", str(tmp_path / "out")],
         capture_output=True, text=True,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The feature gates a run's environment names (conformance.contract.featuregates): the parser
+"""The feature gates a run's environment names (hvconform.contract.featuregates): the parser
 against the metric text a real v1.37.2 API server answered (fixtures/metrics), the cluster
 family's reading (API server /metrics, the kubelet's through the node proxy, kind's config), the
 report's rows, and a recorded-contract kind run whose components refuse: the run goes on.
@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from conformance.contract import featuregates as fg
-from conformance.contract.results import FEATURE_GATES_FILE
-from conformance.report import env_facts
-from conformance.targets.cluster.kind import KindLifecycle, config_gates
-from conformance.targets.cluster.kube import ApiError
-from conformance.targets.cluster.preflight import record_feature_gates
-from conformance.targets.cluster.run import open_cluster
+from hvconform.contract import featuregates as fg
+from hvconform.contract.results import FEATURE_GATES_FILE
+from hvconform.report import env_facts
+from hvconform.targets.cluster.kind import KindLifecycle, config_gates
+from hvconform.targets.cluster.kube import ApiError
+from hvconform.targets.cluster.preflight import record_feature_gates
+from hvconform.targets.cluster.run import open_cluster
 from tests.targets.conftest import FakeMetadata, Recorded, contract_options, recorded_objects
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.node import CAP_GUEST, CAP_READ_STORM, CAP_SOCKET_REDIRECT
-from conformance.targets import build_plan
-from conformance.targets.cluster.kind import KindLifecycle
-from conformance.targets.cluster.lifecycle import Terminated
-from conformance.targets.cluster.plan import Step
-from conformance.targets.cluster.run import open_cluster
+from hvconform.contract.node import CAP_GUEST, CAP_READ_STORM, CAP_SOCKET_REDIRECT
+from hvconform.targets import build_plan
+from hvconform.targets.cluster.kind import KindLifecycle
+from hvconform.targets.cluster.lifecycle import Terminated
+from hvconform.targets.cluster.plan import Step
+from hvconform.targets.cluster.run import open_cluster
 from tests.targets.conftest import FakeMetadata, Recorded, contract_options, recorded_objects
 
 NODE = "hvconform-control-plane"

@@ -17,15 +17,15 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.dra_profile import API_DEVICE_PLUGIN
-from conformance.contract.plugin import resolve
-from conformance.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
-from conformance.contract.results import EnvironmentBlocked, validate_results
-from conformance.scenarios import judging
-from conformance.suite import identity
-from conformance.targets.cluster.kind import OFFLINE_NODE_IMAGE, KindLifecycle
-from conformance.targets.cluster.run import open_cluster
-from conformance.targets.kindnode import NODE_IMAGE
+from hvconform.contract.dra_profile import API_DEVICE_PLUGIN
+from hvconform.contract.plugin import resolve
+from hvconform.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
+from hvconform.contract.results import EnvironmentBlocked, validate_results
+from hvconform.scenarios import judging
+from hvconform.suite import identity
+from hvconform.targets.cluster.kind import OFFLINE_NODE_IMAGE, KindLifecycle
+from hvconform.targets.cluster.run import open_cluster
+from hvconform.targets.kindnode import NODE_IMAGE
 from tests.targets.conftest import FakeMetadata, Recorded, contract_options, recorded_objects
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,7 +145,7 @@ def test_a_kind_run_without_its_node_image_is_environment_blocked(tmp_path: Path
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     env.pop("HV_KIND_NODE_IMAGE", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "conformance.cli", "run", "--target", "kind", "--out", str(out)],
+        [sys.executable, "-m", "hvconform.cli", "run", "--target", "kind", "--out", str(out)],
         capture_output=True, text=True, timeout=600, cwd=REPO, env=env, check=False,
     )  # fmt: skip
     output = proc.stdout + proc.stderr

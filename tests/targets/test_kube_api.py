@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from conformance.targets.cluster.deploy import blocked_by_policy
-from conformance.targets.cluster.kube import ApiError, KubeApi, plural, resource_path
+from hvconform.targets.cluster.deploy import blocked_by_policy
+from hvconform.targets.cluster.kube import ApiError, KubeApi, plural, resource_path
 from tests.targets.fake_kube import FakeKube
 from tests.targets.fakes import CONTRACTS, load_rules
 

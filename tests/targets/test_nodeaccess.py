@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.targets.cluster.access import NodeFiles, script
-from conformance.targets.cluster.kube import ExecResult
+from hvconform.targets.cluster.access import NodeFiles, script
+from hvconform.targets.cluster.kube import ExecResult
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from conformance.contract import runcontext
-from conformance.contract.plugin import resolve as resolve_plugin
-from conformance.contract.runcontext import RunContext
-from conformance.targets import build_plan, cluster_options
-from conformance.targets.cluster.plan import ClusterOptions, render_plan
-from conformance.targets.cluster.run import values_key
+from hvconform.contract import runcontext
+from hvconform.contract.plugin import resolve as resolve_plugin
+from hvconform.contract.runcontext import RunContext
+from hvconform.targets import build_plan, cluster_options
+from hvconform.targets.cluster.plan import ClusterOptions, render_plan
+from hvconform.targets.cluster.run import values_key
 from tests.targets.conftest import RUN_ID, recorded_objects
 
 PLANS = Path(__file__).resolve().parents[2] / "fixtures" / "plans"
@@ -98,7 +98,7 @@ def test_options_travel_typed_in_the_run_context(tmp_path: Path) -> None:
 
 
 def test_plan_with_the_real_manifests_renderer() -> None:
-    pytest.importorskip("conformance.manifests", reason="conformance.manifests not there yet")
+    pytest.importorskip("hvconform.manifests", reason="hvconform.manifests not there yet")
     for target, kw in (("kind", {}), ("aks", {}), ("aks", {"hypervisor": "mshv"})):
         options = golden_options(target=target, **kw)
         steps = build_plan(target, options)

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conformance.contract import runcontext
-from conformance.contract.plugin import ProfileError, load_profile, resolve
-from conformance.contract.runcontext import RunContext
-from conformance.manifests.profile import render_deploy
-from conformance.manifests.render import ManifestError
-from conformance.targets.honour import refusal
+from hvconform.contract import runcontext
+from hvconform.contract.plugin import ProfileError, load_profile, resolve
+from hvconform.contract.runcontext import RunContext
+from hvconform.manifests.profile import render_deploy
+from hvconform.manifests.render import ManifestError
+from hvconform.targets.honour import refusal
 
-HVCONFORM = [sys.executable, "-m", "conformance.cli"]
+HVCONFORM = [sys.executable, "-m", "hvconform.cli"]
 IMAGE = "example.org/acme/kvm-plugin:2.3.4"
 DAEMONSET = {
     "apiVersion": "apps/v1",

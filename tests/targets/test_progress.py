@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from conformance.targets.cluster import lifecycle
+from hvconform.targets.cluster import lifecycle
 
 
 def test_a_long_step_beats_until_it_ends(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from conformance.targets.cluster.rollout import ROLLOUT_ANNOTATION, complete, rolled
+from hvconform.targets.cluster.rollout import ROLLOUT_ANNOTATION, complete, rolled
 
 DS: dict[str, Any] = {
     "apiVersion": "apps/v1",

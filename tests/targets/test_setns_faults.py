@@ -1,5 +1,5 @@
 """The in-container faults for a shell-less plugin image, made by system calls through setns(2)
-(conformance.targets.cluster.setns_faults), for real: a process in a mount namespace of its own
+(hvconform.targets.cluster.setns_faults), for real: a process in a mount namespace of its own
 stands for the plugin container (a root with no shell, no mount tools: only the process), and
 what the faults did is read from its mount table (/proc/<pid>/mountinfo) and its view of the
 paths, from outside."""
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.targets.cluster.access import NodeAccessError
-from conformance.targets.cluster.kube import ExecResult
-from conformance.targets.cluster.setns_faults import SetnsFaults
+from hvconform.targets.cluster.access import NodeAccessError
+from hvconform.targets.cluster.kube import ExecResult
+from hvconform.targets.cluster.setns_faults import SetnsFaults
 
 pytestmark = [pytest.mark.root]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.contract.cluster_options import ClusterOptions
-from conformance.targets import TARGETS, cluster_options
+from hvconform.contract.cluster_options import ClusterOptions
+from hvconform.targets import TARGETS, cluster_options
 
 
 def test_kind_offers_kvm_only_and_says_which_flag() -> None:

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from conformance.contract.plugin import SHIPPED, load_profile
-from conformance.targets.cluster.plan import ClusterOptions
-from conformance.targets.cluster.run import render_objects
+from hvconform.contract.plugin import SHIPPED, load_profile
+from hvconform.targets.cluster.plan import ClusterOptions
+from hvconform.targets.cluster.run import render_objects
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECONFIG = ROOT / "fixtures" / "plans" / "kubeconfig.yaml"
@@ -64,7 +64,7 @@ def test_a_values_file_of_the_users_goes_on_top(tmp_path: Path) -> None:
 
 
 def _run(*extra: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "conformance.cli", "run", "--dry-run", *extra]
+    argv = [sys.executable, "-m", "hvconform.cli", "run", "--dry-run", *extra]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.targets.kindnode import NODE_IMAGE
-from conformance.targets.realnode import KUBERNETES_VERSION
+from hvconform.targets.kindnode import NODE_IMAGE
+from hvconform.targets.realnode import KUBERNETES_VERSION
 from tests.workflows import actions
 
 SCRIPT = actions.SCRIPTS / "hvconform-kind.sh"

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from conformance.metadata import cli as metadata_cli
+from hvconform.metadata import cli as metadata_cli
 from tests.workflows import actions
 
 FIXTURES = actions.ROOT / "fixtures" / "metadata"

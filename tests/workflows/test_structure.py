@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from conformance.contract.plugin import load_profile
-from conformance.targets.cluster.kindbin import KIND_VERSION
+from hvconform.contract.plugin import load_profile
+from hvconform.targets.cluster.kindbin import KIND_VERSION
 from tests.workflows import actions
 
 NAMES = actions.workflow_names()

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from conformance.contract.node import Area, FileInfo
-from conformance.targets.cluster.kube import ExecResult, KubeApi
-from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR, KUBELET_SOCKET
+from hv_device_plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR, KUBELET_SOCKET
+from hvconform.contract.node import Area, FileInfo
+from hvconform.targets.cluster.kube import ExecResult, KubeApi
 
 CDI_DIR = CDI_DYNAMIC_DIR
 STATE_DIR = "/var/lib/hvconform"  # everything the harness puts on a node, removed in cleanup
@@ -366,7 +366,7 @@ class NodeFiles:
         self.sh("replace-char", self._path(area, name), str(major), str(minor))
 
     def device_metadata(self, path: str) -> dict[str, int | str]:
-        """What the two-phase check compares, as conformance.targets.local.hostfiles reports it."""
+        """What the two-phase check compares, as hvconform.targets.local.hostfiles reports it."""
         info = self.stat_path(path)
         if info is None:
             return {"type": "missing"}

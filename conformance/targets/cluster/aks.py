@@ -16,22 +16,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.runcontext import RunContext
-from conformance.contract.wait import wait_for
-from conformance.targets.cluster.access import (
+from hvconform.contract.plugin import PluginUnderTest
+from hvconform.contract.runcontext import RunContext
+from hvconform.contract.wait import wait_for
+from hvconform.targets.cluster.access import (
     CommandFailed,
     NodeAccess,
     PodExecAccess,
     pod_exec_text,
 )
-from conformance.targets.cluster.diag import DIAG_NAME, DiagPods, diag_namespace, diag_steps
-from conformance.targets.cluster.kube import Obj
-from conformance.targets.cluster.lifecycle import Action
-from conformance.targets.cluster.node import ClusterNode
-from conformance.targets.cluster.plan import ClusterOptions, Step
-from conformance.targets.cluster.run import ClusterLifecycle, cluster_options, open_cluster, plan_of
-from conformance.targets.cluster.workloads import (
+from hvconform.targets.cluster.diag import DIAG_NAME, DiagPods, diag_namespace, diag_steps
+from hvconform.targets.cluster.kube import Obj
+from hvconform.targets.cluster.lifecycle import Action
+from hvconform.targets.cluster.node import ClusterNode
+from hvconform.targets.cluster.plan import ClusterOptions, Step
+from hvconform.targets.cluster.run import ClusterLifecycle, cluster_options, open_cluster, plan_of
+from hvconform.targets.cluster.workloads import (
     RUN_LABEL,
     TAINT_KEY,
     Layout,

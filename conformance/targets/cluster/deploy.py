@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
-from conformance.contract.results import EnvironmentBlocked
-from conformance.contract.wait import WaitExpired
-from conformance.targets.cluster.kube import (
+from hvconform.contract.results import EnvironmentBlocked
+from hvconform.contract.wait import WaitExpired
+from hvconform.targets.cluster.kube import (
     ApiError,
     KubeApi,
     Obj,
@@ -31,8 +31,8 @@ from conformance.targets.cluster.kube import (
     describe,
     table_resource,
 )
-from conformance.targets.cluster.lifecycle import RunReport
-from conformance.targets.cluster.plan import ClusterOptions, Step
+from hvconform.targets.cluster.lifecycle import RunReport
+from hvconform.targets.cluster.plan import ClusterOptions, Step
 
 POLICY_WORDS = ("admission", "denied", "policy", "safeguard", "gatekeeper", "forbidden")
 Resolve = Callable[[str, str], ResourceInfo]

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from conformance.contract.wait import wait_for
-from conformance.targets.cluster.access import PodExecAccess
-from conformance.targets.cluster.deploy import manifest_yaml
-from conformance.targets.cluster.kube import KubeApi, Obj, resource_path
-from conformance.targets.cluster.lifecycle import RunReport
-from conformance.targets.cluster.plan import ClusterOptions, Step
-from conformance.targets.cluster.workloads import MANAGED, diagnostic_pod
+from hvconform.contract.wait import wait_for
+from hvconform.targets.cluster.access import PodExecAccess
+from hvconform.targets.cluster.deploy import manifest_yaml
+from hvconform.targets.cluster.kube import KubeApi, Obj, resource_path
+from hvconform.targets.cluster.lifecycle import RunReport
+from hvconform.targets.cluster.plan import ClusterOptions, Step
+from hvconform.targets.cluster.workloads import MANAGED, diagnostic_pod
 
 DIAG_NAME = "hvconform-diag"
 

@@ -2,7 +2,7 @@
 
 The driver runs as its chart's DaemonSet (mode: dra) with the chart's RBAC, admission policy and
 DeviceClass, applied as the profile's deploy section renders them: nothing DRA-specific is made
-here. What differs from a device plugin's node is what conformance.contract.dra says:
+here. What differs from a device plugin's node is what hvconform.contract.dra says:
 - capacity and allocatable are the devices of the driver's ResourceSlices for this node (the
   node status has no extended resource of a DRA driver);
 - workload pods are scheduled, pinned by a nodeSelector: the scheduler allocates their claims,
@@ -13,7 +13,7 @@ here. What differs from a device plugin's node is what conformance.contract.dra 
 - the plugin's CDI spec is the session claim's, found from the devices the runtime was asked
   for (no spec exists before a claim is prepared);
 - read-only CDI storage is made in the driver's own view too when the chart's CDI mount does
-  not propagate node mounts into it (conformance.targets.cluster.inside): a claim prepared
+  not propagate node mounts into it (hvconform.targets.cluster.inside): a claim prepared
   meanwhile fails as it would on a read-only node;
 - the driver's registration socket is not removed here (CAP_REGISTRATION_SOCKET not declared):
   telling it from the other sockets of the node's plugins_registry takes a GetInfo call in the
@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.contract.base import discover_spec
-from conformance.contract.dra import (
+from hv_device_plugin.api.dra_wire import RESOURCE_API
+from hvconform.contract.base import discover_spec
+from hvconform.contract.dra import (
     CAP_DRA,
     CAP_KUBELET_STOP,
     CAP_REGISTRATION_SOCKET,
@@ -41,22 +42,21 @@ from conformance.contract.dra import (
     slice_view,
     unprepare_failed,
 )
-from conformance.contract.node import CAP_GUEST, CAP_LONG_GUEST, PodView
-from conformance.contract.wait import wait_for
-from conformance.targets.cluster.kube import Obj
-from conformance.targets.cluster.kubelet import (
+from hvconform.contract.node import CAP_GUEST, CAP_LONG_GUEST, PodView
+from hvconform.contract.wait import wait_for
+from hvconform.targets.cluster.kube import Obj
+from hvconform.targets.cluster.kubelet import (
     KUBELET_LOG_LINES,
     KUBELET_START,
     KUBELET_STOP,
     to_monotonic,
 )
-from conformance.targets.cluster.node import ClusterNode
-from conformance.targets.cluster.pods import OWNER_LABEL, WORKLOAD_LABEL, pod_view
-from plugin.api.dra_wire import RESOURCE_API
+from hvconform.targets.cluster.node import ClusterNode
+from hvconform.targets.cluster.pods import OWNER_LABEL, WORKLOAD_LABEL, pod_view
 
 
 class ClusterDraNode(SliceCounts, ClusterNode):
-    """ClusterNode with the DRA node's observations (conformance.contract.dra.DraNode)."""
+    """ClusterNode with the DRA node's observations (hvconform.contract.dra.DraNode)."""
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)

@@ -19,23 +19,24 @@ from typing import Any, Protocol
 
 import yaml
 
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.results import EnvironmentBlocked
-from conformance.contract.runcontext import RunContext
-from conformance.targets.cluster.access import (
+from hv_device_plugin.api.names import HYPERVISOR_RESOURCE
+from hvconform.contract.plugin import PluginUnderTest
+from hvconform.contract.results import EnvironmentBlocked
+from hvconform.contract.runcontext import RunContext
+from hvconform.targets.cluster.access import (
     STATE_DIR,
     DirectAccess,
     NodeAccess,
     local_kubelet,
     pod_exec_text,
 )
-from conformance.targets.cluster.deploy import manifest_yaml
-from conformance.targets.cluster.diag import DIAG_NAME, DiagPods, diag_namespace, diag_steps
-from conformance.targets.cluster.kube import KubeApi, Obj
-from conformance.targets.cluster.lifecycle import Action
-from conformance.targets.cluster.node import ClusterNode
-from conformance.targets.cluster.plan import NODE_NAME, ClusterOptions, Step
-from conformance.targets.cluster.run import (
+from hvconform.targets.cluster.deploy import manifest_yaml
+from hvconform.targets.cluster.diag import DIAG_NAME, DiagPods, diag_namespace, diag_steps
+from hvconform.targets.cluster.kube import KubeApi, Obj
+from hvconform.targets.cluster.lifecycle import Action
+from hvconform.targets.cluster.node import ClusterNode
+from hvconform.targets.cluster.plan import NODE_NAME, ClusterOptions, Step
+from hvconform.targets.cluster.run import (
     RESTORE,
     STATE_MARK,
     ClusterLifecycle,
@@ -43,8 +44,7 @@ from conformance.targets.cluster.run import (
     open_cluster,
     plan_of,
 )
-from conformance.targets.cluster.workloads import Layout, diagnostic_pod, prepare
-from plugin.api.names import HYPERVISOR_RESOURCE
+from hvconform.targets.cluster.workloads import Layout, diagnostic_pod, prepare
 
 MANIFESTS_FILE = "manifests.yaml"  # the exact text applied, next to the cluster report
 # gone, or there and never the run's (no mark: node-prepare refused it and left it as it was)
@@ -56,7 +56,7 @@ STATE_GONE = (
 
 
 class MetadataCheck(Protocol):
-    """conformance.metadata.twophase.TwoPhase, as this module uses it."""
+    """hvconform.metadata.twophase.TwoPhase, as this module uses it."""
 
     def snapshot_original(self) -> object: ...
     def check_startup(self, node_kvm_gid: int | str | None = None) -> object: ...
@@ -65,9 +65,9 @@ class MetadataCheck(Protocol):
 
 
 def default_metadata(device: str) -> MetadataCheck | None:
-    """The two-phase helper (conformance.metadata.twophase); None when it cannot be imported."""
+    """The two-phase helper (hvconform.metadata.twophase); None when it cannot be imported."""
     try:
-        module = importlib.import_module("conformance.metadata.twophase")
+        module = importlib.import_module("hvconform.metadata.twophase")
     except ImportError:
         return None
     check: MetadataCheck = module.TwoPhase(device)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from conformance.contract.node import CAP_GUEST, Allocation, GuestOutcome
-from conformance.contract.nodeinit import CRICTL
-from conformance.contract.wait import wait_for
-from conformance.targets.cluster.access import NodeAccess, NodeFiles
-from conformance.targets.cluster.kube import KubeApi, Obj
-from conformance.targets.cluster.plan import ClusterOptions
-from conformance.targets.cluster.workloads import workload_pod
+from hvconform.contract.node import CAP_GUEST, Allocation, GuestOutcome
+from hvconform.contract.nodeinit import CRICTL
+from hvconform.contract.wait import wait_for
+from hvconform.targets.cluster.access import NodeAccess, NodeFiles
+from hvconform.targets.cluster.kube import KubeApi, Obj
+from hvconform.targets.cluster.plan import ClusterOptions
+from hvconform.targets.cluster.workloads import workload_pod
 
 # The node's crictl: the node init's (bound to its containerd) where there is one.
 CRICTL_SNIPPET = f"if [ -x {CRICTL} ]; then c={CRICTL}; else c=crictl; fi; "

@@ -10,24 +10,24 @@ the plugin process is never replaced, and the runtime keeps seeing the real devi
 With `sh`, `mount`, `umount` and `mknod` in the plugin image the scripts below run there. An
 image without them (one static binary, no shell: how many plugins ship) gets the same faults
 from python3 on the node or in the diagnostic pod, which enters the container's mount namespace
-with setns(2) and makes the mounts with the system calls themselves (conformance.targets.cluster.
+with setns(2) and makes the mounts with the system calls themselves (hvconform.targets.cluster.
 setns_faults): a system call needs nothing in the container's file system. Without either,
 `probe` says why for both, and the checks that need it are not_applicable.
 """
 
 from __future__ import annotations
 
-from conformance.contract.node import CAP_DEVICE_REMAP, CAP_DEVICE_VIEW, CAP_READ_ONLY
-from conformance.targets.cluster.access import (
+from hvconform.contract.node import CAP_DEVICE_REMAP, CAP_DEVICE_VIEW, CAP_READ_ONLY
+from hvconform.targets.cluster.access import (
     RO_STAGING,
     NodeAccess,
     NodeAccessError,
     NodeFiles,
 )
-from conformance.targets.cluster.guests import CRICTL_SNIPPET
-from conformance.targets.cluster.plan import ClusterOptions
-from conformance.targets.cluster.setns_faults import SetnsFaults
-from conformance.targets.cluster.workloads import Layout
+from hvconform.targets.cluster.guests import CRICTL_SNIPPET
+from hvconform.targets.cluster.plan import ClusterOptions
+from hvconform.targets.cluster.setns_faults import SetnsFaults
+from hvconform.targets.cluster.workloads import Layout
 
 # $1: container id; the rest is `sh -c SCRIPT sh ARGS...`, run in its mount namespace, and its
 # PID namespace too: umount reads /proc/self/mountinfo, and the container's /proc only knows
@@ -151,7 +151,7 @@ class InsideFaults:
     def inside_read_only(self, read_only: bool, via: InsidePlugin | None = None) -> None:
         """The node's CDI dir (what the runtime and the checks read) and the plugin's view of
         it: both an empty read-only file system, then both back. `via`: this fault alone made
-        inside (a DRA node's; conformance.targets.cluster.dra_node)."""
+        inside (a DRA node's; hvconform.targets.cluster.dra_node)."""
         if read_only:
             self.files.sh("ro-on", self.files.dirs["cdi"], RO_STAGING)
             self._in("ro-empty", self.layout.mounts["cdi"], via=via)

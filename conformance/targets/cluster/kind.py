@@ -14,30 +14,30 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from conformance.contract import featuregates
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.results import EnvironmentBlocked
-from conformance.contract.runcontext import RunContext
-from conformance.contract.safeyaml import UnsafeInput, load_strict, read_bounded
-from conformance.targets.cluster.access import (
+from hvconform.contract import featuregates
+from hvconform.contract.plugin import PluginUnderTest
+from hvconform.contract.results import EnvironmentBlocked
+from hvconform.contract.runcontext import RunContext
+from hvconform.contract.safeyaml import UnsafeInput, load_strict, read_bounded
+from hvconform.targets.cluster.access import (
     CommandFailed,
     CommandRunner,
     DockerExecAccess,
     NodeAccess,
 )
-from conformance.targets.cluster.existing import (
+from hvconform.targets.cluster.existing import (
     MetadataCheck,
     cluster_steps,
     default_metadata,
     failed_verdict,
     verdict_message,
 )
-from conformance.targets.cluster.kindbin import kind_env, kind_facts
-from conformance.targets.cluster.kube import Obj
-from conformance.targets.cluster.lifecycle import Action
-from conformance.targets.cluster.node import ClusterNode
-from conformance.targets.cluster.plan import ClusterOptions, Step
-from conformance.targets.cluster.run import (
+from hvconform.targets.cluster.kindbin import kind_env, kind_facts
+from hvconform.targets.cluster.kube import Obj
+from hvconform.targets.cluster.lifecycle import Action
+from hvconform.targets.cluster.node import ClusterNode
+from hvconform.targets.cluster.plan import ClusterOptions, Step
+from hvconform.targets.cluster.run import (
     ClusterLifecycle,
     cluster_options,
     open_cluster,
@@ -46,7 +46,7 @@ from conformance.targets.cluster.run import (
 )
 
 CLUSTER_LABEL = "io.x-k8s.kind.cluster"  # kind labels each node container with its cluster
-# `nox -s kind-image`'s image, conformance.targets.kindnode.NODE_IMAGE (a test ties the two: the
+# `nox -s kind-image`'s image, hvconform.targets.kindnode.NODE_IMAGE (a test ties the two: the
 # cluster family may not import kindnode, which builds on the real node target).
 OFFLINE_NODE_IMAGE = "hv-kind.local/node:v1.37.2"
 # What `kind create cluster` prints when its node image is neither on this machine nor pullable:
@@ -223,7 +223,7 @@ class KindLifecycle(ClusterLifecycle):
         if self.metadata is None:
             self.metadata = default_metadata(self.options.device)
         if self.metadata is None:
-            self.report.verify(f"metadata {phase}", False, "conformance.metadata.twophase missing")
+            self.report.verify(f"metadata {phase}", False, "hvconform.metadata.twophase missing")
             return
         if phase == "snapshot":
             self.metadata.snapshot_original()  # raises when the host device cannot be lstat'ed

@@ -1,6 +1,6 @@
 """Which `kind` executable a kind run uses: the one on PATH, else the one `nox -s kind-image`
 built from its module into the cache (KIND_BIN). Stdlib only: the kind target and the node
-image builder (conformance.targets.kindnode) both read these names from here.
+image builder (hvconform.targets.kindnode) both read these names from here.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def kind_version(executable: str) -> str:
 
 
 def main() -> int:
-    """`python -m conformance.targets.cluster.kindbin`: which kind a run would use; exit 2 when
+    """`python -m hvconform.targets.cluster.kindbin`: which kind a run would use; exit 2 when
     there is none (neither on PATH nor in the cache)."""
     executable = kind_executable()
     if executable == "kind":

@@ -1,6 +1,6 @@
 """The few Kubernetes API calls cluster targets make, over the official `kubernetes` client.
 
-Objects are plain dicts, as rendered by conformance.manifests: requests go through the client's
+Objects are plain dicts, as rendered by hvconform.manifests: requests go through the client's
 ApiClient (kubeconfig, TLS, auth) with a generic resource path, so no generated model class ever
 rewrites a manifest. Exec uses the client's websocket stream. This is the seam tests replace the
 API server behind (a recorded-contract server on 127.0.0.1), never the code above it.
@@ -17,7 +17,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from conformance.contract.deploy import CLUSTER_SCOPED
+from hvconform.contract.deploy import CLUSTER_SCOPED
 
 Obj = dict[str, Any]
 

@@ -1,7 +1,7 @@
 """The kubelet of a cluster node: its state, restarts (graceful and crash), registrations.
 
 A systemd unit on kind and AKS (systemctl, journald); a node init elsewhere
-(conformance.contract.nodeinit: SIGHUP to PID 1, time-stamped log). Times come from the node's
+(hvconform.contract.nodeinit: SIGHUP to PID 1, time-stamped log). Times come from the node's
 own clock (socket mtime, log time), mapped onto this process's monotonic clock.
 """
 
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import time
 
-from conformance.contract.nodeinit import KUBELET_HOLD, KUBELET_LOG, KUBELET_PID
-from conformance.contract.wait import wait_for
-from conformance.targets.cluster.access import NodeAccess, NodeAccessError
-from conformance.targets.cluster.plan import ClusterOptions
+from hvconform.contract.nodeinit import KUBELET_HOLD, KUBELET_LOG, KUBELET_PID
+from hvconform.contract.wait import wait_for
+from hvconform.targets.cluster.access import NodeAccess, NodeAccessError
+from hvconform.targets.cluster.plan import ClusterOptions
 
 RESTART_DELAY_S = 0.5
 
-# The kubelet is a systemd unit (kind, AKS) or run by a node init (conformance.contract.nodeinit).
+# The kubelet is a systemd unit (kind, AKS) or run by a node init (hvconform.contract.nodeinit).
 _HAS_INIT = f"[ -r {KUBELET_PID} ]"
 KUBELET_STATE = (
     f'if {_HAS_INIT}; then pid=$(cat {KUBELET_PID}); [ -d "/proc/$pid" ] || pid=0; '

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from conformance.targets.cluster.plan import Step
+from hvconform.targets.cluster.plan import Step
 
 Action = Callable[[Step], None]
 

@@ -13,8 +13,10 @@ import json
 import time
 from typing import Any
 
-from conformance.contract.base import NodeBase
-from conformance.contract.node import (
+from hv_device_plugin.api.names import SPEC_FILENAME
+from hv_device_plugin.api.wire import DEVICE_PLUGIN_DIR, KUBELET_SOCKET
+from hvconform.contract.base import NodeBase
+from hvconform.contract.node import (
     CAP_DEVICE_REMAP,
     CAP_DEVICE_VIEW,
     CAP_GUEST,
@@ -32,32 +34,30 @@ from conformance.contract.node import (
     NodeEvent,
     ReadStorm,
 )
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.results import EnvironmentBlocked
-from conformance.contract.runtime_facts import cdi_off
-from conformance.contract.wait import wait_for
-from conformance.targets.cluster.access import (
+from hvconform.contract.plugin import PluginUnderTest
+from hvconform.contract.results import EnvironmentBlocked
+from hvconform.contract.runtime_facts import cdi_off
+from hvconform.contract.wait import wait_for
+from hvconform.targets.cluster.access import (
     CDI_DIR,
     RO_STAGING,
     NodeAccess,
     NodeAccessError,
     NodeFiles,
 )
-from conformance.targets.cluster.deploy import Deployer
-from conformance.targets.cluster.guests import CRICTL_SNIPPET, GuestPods, container_id
-from conformance.targets.cluster.kube import KubeApi, Obj
-from conformance.targets.cluster.kubelet import KubeletControl
-from conformance.targets.cluster.plan import ClusterOptions
-from conformance.targets.cluster.plugin_pod import PluginPod
-from conformance.targets.cluster.pods import ClusterPods
-from conformance.targets.cluster.reboot import ClusterNodeFaults
-from conformance.targets.cluster.rollout import Rollout
-from conformance.targets.cluster.workloads import (
+from hvconform.targets.cluster.deploy import Deployer
+from hvconform.targets.cluster.guests import CRICTL_SNIPPET, GuestPods, container_id
+from hvconform.targets.cluster.kube import KubeApi, Obj
+from hvconform.targets.cluster.kubelet import KubeletControl
+from hvconform.targets.cluster.plan import ClusterOptions
+from hvconform.targets.cluster.plugin_pod import PluginPod
+from hvconform.targets.cluster.pods import ClusterPods
+from hvconform.targets.cluster.reboot import ClusterNodeFaults
+from hvconform.targets.cluster.rollout import Rollout
+from hvconform.targets.cluster.workloads import (
     RESOURCE,
     Layout,
 )
-from plugin.api.names import SPEC_FILENAME
-from plugin.api.wire import DEVICE_PLUGIN_DIR, KUBELET_SOCKET
 
 SPEC_NAME = SPEC_FILENAME
 # How long the restore after a check waits for the node to be back, before and after a restart

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from conformance.contract.cluster_options import (
+from hvconform.contract.cluster_options import (
     HYPERVISORS,
     NODE_ACCESS,
     NODE_NAME,

@@ -1,6 +1,6 @@
 """The plugin pod of a cluster node: found, probed, restarted, varied, read back.
 
-A mixin of ClusterNode (conformance.targets.cluster.node): the plugin runs as the profile's
+A mixin of ClusterNode (hvconform.targets.cluster.node): the plugin runs as the profile's
 DaemonSet pod. Its readiness comes through the API server's pod proxy (or the pod's Ready
 condition, which the kubelet's readiness probe drives, when no HTTP endpoint was found). Its
 liveness is what the kubelet does about it, never a readiness signal: the container running,
@@ -16,21 +16,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from conformance.contract.base import NodeBase
-from conformance.contract.dra_profile import API_DEVICE_PLUGIN
-from conformance.contract.node import CAP_READINESS, Allocation
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.ran import PluginRan
-from conformance.contract.results import NotApplicable
-from conformance.contract.runtime_facts import CRICTL_FACTS, RuntimeFacts, from_output
-from conformance.contract.wait import WaitExpired, wait_for
-from conformance.targets.cluster.access import NodeAccess, NodeFiles
-from conformance.targets.cluster.guests import CRICTL_SNIPPET, container_id, running
-from conformance.targets.cluster.inside import InsideFaults
-from conformance.targets.cluster.kube import ApiError, KubeApi, Obj
-from conformance.targets.cluster.plan import ClusterOptions
-from conformance.targets.cluster.ran import pod_ran
-from conformance.targets.cluster.workloads import (
+from hvconform.contract.base import NodeBase
+from hvconform.contract.dra_profile import API_DEVICE_PLUGIN
+from hvconform.contract.node import CAP_READINESS, Allocation
+from hvconform.contract.plugin import PluginUnderTest
+from hvconform.contract.ran import PluginRan
+from hvconform.contract.results import NotApplicable
+from hvconform.contract.runtime_facts import CRICTL_FACTS, RuntimeFacts, from_output
+from hvconform.contract.wait import WaitExpired, wait_for
+from hvconform.targets.cluster.access import NodeAccess, NodeFiles
+from hvconform.targets.cluster.guests import CRICTL_SNIPPET, container_id, running
+from hvconform.targets.cluster.inside import InsideFaults
+from hvconform.targets.cluster.kube import ApiError, KubeApi, Obj
+from hvconform.targets.cluster.plan import ClusterOptions
+from hvconform.targets.cluster.ran import pod_ran
+from hvconform.targets.cluster.workloads import (
     Layout,
     variant_device_unusable,
     variant_sockets_empty,
@@ -392,7 +392,7 @@ class PluginPod(InsideFaults, NodeBase):
 
     def plugin_ran(self) -> PluginRan:
         """What runs as the plugin, read back from its pod: the spec's image, command and args,
-        and the image ID the kubelet reports (conformance.targets.cluster.ran)."""
+        and the image ID the kubelet reports (hvconform.targets.cluster.ran)."""
         return pod_ran(self._pod(), self.layout.container)
 
     def plugin_cpu_seconds(self) -> float:

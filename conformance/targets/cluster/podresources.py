@@ -4,7 +4,7 @@ The pod-resources gRPC service (`/v1.PodResourcesLister`, k8s.io/kubelet pkg/api
 listens on `<kubelet root>/pod-resources/kubelet.sock` on the node. This machine reaches it
 through the node access's view of the node's file system (`local_path`: /proc/<pid>/root of a
 kind node container, or of the node's init for a node on this machine), so the answers are the
-kubelet's own, decoded by conformance.contract.podresources (the wire facts are there).
+kubelet's own, decoded by hvconform.contract.podresources (the wire facts are there).
 
 The device manager's checkpoint (`<kubelet root>/device-plugins/kubelet_internal_checkpoint`,
 pkg/kubelet/cm/devicemanager/checkpoint: JSON `Data.PodDeviceEntries[].PodUID/ResourceName`)
@@ -18,8 +18,8 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from conformance.contract.podresources import SERVICE_PATH, call, devices, listed_pods
-from conformance.targets.cluster.kube import ExecResult
+from hvconform.contract.podresources import SERVICE_PATH, call, devices, listed_pods
+from hvconform.targets.cluster.kube import ExecResult
 
 SOCKET = "pod-resources/kubelet.sock"
 CHECKPOINT = "device-plugins/kubelet_internal_checkpoint"

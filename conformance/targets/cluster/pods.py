@@ -1,12 +1,12 @@
 """Pods holding the device on a cluster node, as the real kubelet runs them (CAP_PODS).
 
 A pod asks for one slot of the plugin's resource and runs the suite's counting guest as its
-container command (the guest image's `python3 -m conformance.guest counter`, its state in an
+container command (the guest image's `python3 -m hvconform.guest counter`, its state in an
 emptyDir), so a kubelet restart that keeps the container keeps the count going. A bare pod is
 pinned by nodeName (the kubelet's own admission answers); a controller's workload (`owner`) is a
 ReplicaSet of one, pinned the same way, which runs a new pod when its pod fails (after a reboot).
 What the kubelet says about them comes from the API (pod status, allocatedResourcesStatus) and
-from its pod-resources API on the node (conformance.targets.cluster.podresources).
+from its pod-resources API on the node (hvconform.targets.cluster.podresources).
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ import copy
 import time
 from typing import TYPE_CHECKING, Any
 
-from conformance.contract.node import CAP_GUEST, Allocation, NodeEvent, PodResources, PodView
-from conformance.contract.quantity import quantity
-from conformance.contract.wait import wait_for
-from conformance.targets.cluster.access import NodeAccess, NodeFiles
-from conformance.targets.cluster.guests import container_id, running
-from conformance.targets.cluster.kube import KubeApi, Obj
-from conformance.targets.cluster.plan import ClusterOptions
-from conformance.targets.cluster.podresources import SOCKET, NodePodResources, PodResourcesClient
-from conformance.targets.cluster.workloads import Layout, workload_pod
-from plugin.api.wire import HEALTHY  # the pod status's word too (core/v1 ResourceHealth)
+from hv_device_plugin.api.wire import HEALTHY  # the pod status's word too (core/v1 ResourceHealth)
+from hvconform.contract.node import CAP_GUEST, Allocation, NodeEvent, PodResources, PodView
+from hvconform.contract.quantity import quantity
+from hvconform.contract.wait import wait_for
+from hvconform.targets.cluster.access import NodeAccess, NodeFiles
+from hvconform.targets.cluster.guests import container_id, running
+from hvconform.targets.cluster.kube import KubeApi, Obj
+from hvconform.targets.cluster.plan import ClusterOptions
+from hvconform.targets.cluster.podresources import SOCKET, NodePodResources, PodResourcesClient
+from hvconform.targets.cluster.workloads import Layout, workload_pod
 
 OWNER_LABEL = "hvconform/owner"  # the controller's name the scenario gave ("": a bare pod)
 WORKLOAD_LABEL = "hvconform/workload"  # the object to delete: the pod's own, or its ReplicaSet's

@@ -13,11 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conformance.contract import featuregates
-from conformance.contract.preconditions import Requirement, tool, version_of
-from conformance.manifests.chart import helm_requirement
-from conformance.targets.cluster.kindbin import KIND_VERSION
-from conformance.targets.cluster.kube import ApiError, KubeApi, resource_path
+from hvconform.contract import featuregates
+from hvconform.contract.preconditions import Requirement, tool, version_of
+from hvconform.manifests.chart import helm_requirement
+from hvconform.targets.cluster.kindbin import KIND_VERSION
+from hvconform.targets.cluster.kube import ApiError, KubeApi, resource_path
 
 # kind writes the node's kubeadm config; kubeadm v1.36+ refuses v1beta3, and v0.32 is the first
 # kind that writes v1beta4 for them (older node images work with it too). An older kind on PATH

@@ -8,8 +8,8 @@ recorded as empty, and the suite's identity rule decides what it proves.
 
 from __future__ import annotations
 
-from conformance.contract.ran import PluginRan
-from conformance.targets.cluster.kube import Obj
+from hvconform.contract.ran import PluginRan
+from hvconform.targets.cluster.kube import Obj
 
 
 def pod_ran(pod: Obj, container: str) -> PluginRan:

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from conformance.contract.node import (
+from hvconform.contract.node import (
     CAP_DEVICE_LATE,
     CAP_DEVICE_REMAP,
     CAP_NODE_REBOOT,
@@ -29,19 +29,19 @@ from conformance.contract.node import (
     CAP_STREAM_END,
     NodeEvent,
 )
-from conformance.contract.nodeinit import KUBELET_PID
-from conformance.contract.results import NotApplicable
-from conformance.targets.cluster.access import NodeAccess, NodeAccessError, NodeFiles
-from conformance.targets.cluster.guests import CRICTL_SNIPPET
-from conformance.targets.cluster.kube import KubeApi, Obj
-from conformance.targets.cluster.kubelet import KUBELET_LOG_SINCE, to_monotonic
-from conformance.targets.cluster.plan import ClusterOptions
-from conformance.targets.cluster.podresources import (
+from hvconform.contract.nodeinit import KUBELET_PID
+from hvconform.contract.results import NotApplicable
+from hvconform.targets.cluster.access import NodeAccess, NodeAccessError, NodeFiles
+from hvconform.targets.cluster.guests import CRICTL_SNIPPET
+from hvconform.targets.cluster.kube import KubeApi, Obj
+from hvconform.targets.cluster.kubelet import KUBELET_LOG_SINCE, to_monotonic
+from hvconform.targets.cluster.plan import ClusterOptions
+from hvconform.targets.cluster.podresources import (
     CHECKPOINT,
     PodResourcesClient,
     checkpoint_pods,
 )
-from conformance.targets.cluster.workloads import Layout, variant_device_unusable
+from hvconform.targets.cluster.workloads import Layout, variant_device_unusable
 
 SAMPLE_EVERY_S = 0.1
 RESOURCE_HEALTH_BETA = 36  # ResourceHealthStatus: beta, on by default (v1.37.2 kube_features.go)
@@ -340,6 +340,6 @@ class ClusterNodeFaults:
         return to_monotonic(float(out.split()[0]))
 
     def _plugin_cid(self) -> str:
-        from conformance.targets.cluster.guests import container_id
+        from hvconform.targets.cluster.guests import container_id
 
         return container_id(self._pod(), self.layout.container)

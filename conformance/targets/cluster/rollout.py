@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from conformance.contract.results import NotApplicable
-from conformance.targets.cluster.kube import Obj
+from hvconform.contract.results import NotApplicable
+from hvconform.targets.cluster.kube import Obj
 
 ROLLOUT_ANNOTATION = "hyperlight.dev/rollout"
 

@@ -13,29 +13,29 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.deploy import Pods
-from conformance.contract.errors import Unhonoured
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.plugin import resolve as resolve_plugin
-from conformance.contract.results import NotApplicable
-from conformance.contract.runcontext import RunContext
-from conformance.manifests.blast import SUITE_OBJECTS, Gated, Refused, gate
-from conformance.manifests.profile import Rendered, render_deploy
-from conformance.targets.cluster.access import (
+from hvconform.contract.deploy import Pods
+from hvconform.contract.errors import Unhonoured
+from hvconform.contract.plugin import PluginUnderTest
+from hvconform.contract.plugin import resolve as resolve_plugin
+from hvconform.contract.results import NotApplicable
+from hvconform.contract.runcontext import RunContext
+from hvconform.manifests.blast import SUITE_OBJECTS, Gated, Refused, gate
+from hvconform.manifests.profile import Rendered, render_deploy
+from hvconform.targets.cluster.access import (
     EMPTY_SOCKETS,
     HOST_VIEW,
     STATE_DIR,
     CommandRunner,
     NodeAccess,
 )
-from conformance.targets.cluster.deploy import TABLE_NOTE, Deployer, Resolve, deploy_steps
-from conformance.targets.cluster.dra_node import ClusterDraNode
-from conformance.targets.cluster.kube import KubeApi, Obj, table_resource
-from conformance.targets.cluster.lifecycle import Action, CleanupIncomplete, Runbook, RunReport
-from conformance.targets.cluster.node import ClusterNode
-from conformance.targets.cluster.plan import ClusterOptions, Step, render_plan
-from conformance.targets.cluster.preflight import cluster_facts, record_feature_gates
-from conformance.targets.cluster.workloads import (
+from hvconform.targets.cluster.deploy import TABLE_NOTE, Deployer, Resolve, deploy_steps
+from hvconform.targets.cluster.dra_node import ClusterDraNode
+from hvconform.targets.cluster.kube import KubeApi, Obj, table_resource
+from hvconform.targets.cluster.lifecycle import Action, CleanupIncomplete, Runbook, RunReport
+from hvconform.targets.cluster.node import ClusterNode
+from hvconform.targets.cluster.plan import ClusterOptions, Step, render_plan
+from hvconform.targets.cluster.preflight import cluster_facts, record_feature_gates
+from hvconform.targets.cluster.workloads import (
     MANAGED,
     RUN_ID_LABEL,
     Layout,

@@ -5,7 +5,7 @@ system, yet the faults the checks need are only mounts in the container's mount 
 system call needs no binary there: python3 on the node (or in the diagnostic pod, hostPID and
 privileged, when the node has none) opens /proc/<pid>/ns/mnt of the plugin's process, enters it
 with setns(2) (python is loaded by then) and calls mount(2), umount2(2) and mknod(2) on the
-container's own paths. The operations are those of conformance.targets.cluster.inside.SCRIPTS,
+container's own paths. The operations are those of hvconform.targets.cluster.inside.SCRIPTS,
 one for one, so a check cannot tell which way its fault was made.
 """
 
@@ -16,9 +16,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from conformance.targets.cluster.access import NodeAccess, NodeAccessError
-from conformance.targets.cluster.guests import CRICTL_SNIPPET
-from conformance.targets.cluster.kube import ExecResult
+from hvconform.targets.cluster.access import NodeAccess, NodeAccessError
+from hvconform.targets.cluster.guests import CRICTL_SNIPPET
+from hvconform.targets.cluster.kube import ExecResult
 
 PID = CRICTL_SNIPPET + "$c inspect --output go-template --template '{{.info.pid}}' \"$1\""
 

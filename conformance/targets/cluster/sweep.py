@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conformance.targets.cluster.kube import ApiError, KubeApi, ResourceInfo, UnsafePath
-from conformance.targets.cluster.workloads import MANAGED, RUN_ID_LABEL
+from hvconform.targets.cluster.kube import ApiError, KubeApi, ResourceInfo, UnsafePath
+from hvconform.targets.cluster.workloads import MANAGED, RUN_ID_LABEL
 
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 EXIT_LEFT = 1

@@ -11,12 +11,12 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from conformance.contract.deploy import Pods
-from conformance.contract.plugin import HYPERVISOR_DEVICES, Paths
-from conformance.targets.cluster.access import EMPTY_SOCKETS, HOST_VIEW
-from conformance.targets.cluster.kube import Obj
-from plugin.api.names import DEVICE_ACCESS_RESOURCE, HYPERVISOR_RESOURCE
-from plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
+from hv_device_plugin.api.names import DEVICE_ACCESS_RESOURCE, HYPERVISOR_RESOURCE
+from hv_device_plugin.api.wire import CDI_DYNAMIC_DIR, DEVICE_PLUGIN_DIR
+from hvconform.contract.deploy import Pods
+from hvconform.contract.plugin import HYPERVISOR_DEVICES, Paths
+from hvconform.targets.cluster.access import EMPTY_SOCKETS, HOST_VIEW
+from hvconform.targets.cluster.kube import Obj
 
 RESOURCE = HYPERVISOR_RESOURCE
 ACCESS_RESOURCE = DEVICE_ACCESS_RESOURCE
@@ -28,7 +28,7 @@ MANAGED = {"app.kubernetes.io/managed-by": "hvconform"}
 RUN_ID_LABEL = "hvconform/run-id"
 DEVICE_PLUGINS_DIR = DEVICE_PLUGIN_DIR
 STATE_MOUNT = "/state"
-GUEST_MODULE = ["python3", "-m", "conformance.guest"]  # the debootstrap base has no `python`
+GUEST_MODULE = ["python3", "-m", "hvconform.guest"]  # the debootstrap base has no `python`
 
 
 @dataclass

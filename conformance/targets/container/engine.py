@@ -23,8 +23,8 @@ from pathlib import Path
 
 import docker
 
-from conformance.contract.ledger import Ledger
-from conformance.targets.local.procs import alive
+from hvconform.contract.ledger import Ledger
+from hvconform.targets.local.procs import alive
 
 DATA_ROOT = Path(os.environ.get("HV_DOCKER_DATA_ROOT", "/var/lib/hv-docker"))
 EXEC_ROOT = Path(os.environ.get("HV_DOCKER_EXEC_ROOT", "/run/hv-docker"))

@@ -37,7 +37,11 @@ from typing import Any
 
 import docker
 
-from plugin.api.names import GUEST_IMAGE_REPOSITORY, PLUGIN_IMAGE_REPOSITORY, installed_version
+from hv_device_plugin.api.names import (
+    GUEST_IMAGE_REPOSITORY,
+    PLUGIN_IMAGE_REPOSITORY,
+    installed_version,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 CACHE_DIR = Path(os.environ.get("HV_IMAGE_CACHE", "/var/cache/hv-images"))
@@ -275,7 +279,7 @@ def build_plugin(
 
 
 def build_guest(client: docker.DockerClient, base: BuiltImage, log: Log) -> BuiltImage:
-    """hv-guest:<key>: the conformance.guest package (standard library only) on the base."""
+    """hv-guest:<key>: the hvconform.guest package (standard library only) on the base."""
     names = ["conformance/__init__.py"]
     names += [str(p.relative_to(REPO)) for p in sorted((REPO / "conformance/guest").glob("*.py"))]
     files = {name: (REPO / name).read_bytes() for name in names}
@@ -361,12 +365,12 @@ def ensure_images(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m conformance.targets.container.images`: build (or find) the images; print tags,
+    """`python -m hvconform.targets.container.images`: build (or find) the images; print tags,
     IDs and times."""
-    from conformance.targets.container.engine import DockerEngine
+    from hvconform.targets.container.engine import DockerEngine
 
     parser = argparse.ArgumentParser(
-        prog="python -m conformance.targets.container.images", description=__doc__
+        prog="python -m hvconform.targets.container.images", description=__doc__
     )
     parser.add_argument(
         "--base-image", default="", help="a local registry base instead of debootstrap"

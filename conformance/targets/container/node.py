@@ -35,30 +35,30 @@ from urllib.parse import urlsplit
 
 import docker
 
-from conformance.contract.base import set_up
-from conformance.contract.plugin import PluginUnderTest, Probe
-from conformance.contract.ran import PluginRan
-from conformance.contract.results import EnvironmentBlocked
-from conformance.contract.runcontext import RunContext
-from conformance.contract.target_report import TargetReport
-from conformance.targets.container.engine import DockerEngine, EngineError
-from conformance.targets.container.images import (
+from hv_device_plugin.api.names import default_plugin_image
+from hvconform.contract.base import set_up
+from hvconform.contract.plugin import PluginUnderTest, Probe
+from hvconform.contract.ran import PluginRan
+from hvconform.contract.results import EnvironmentBlocked
+from hvconform.contract.runcontext import RunContext
+from hvconform.contract.target_report import TargetReport
+from hvconform.targets.container.engine import DockerEngine, EngineError
+from hvconform.targets.container.images import (
     ImageSet,
     ensure_images,
     export_rootfs,
     image_config,
 )
-from conformance.targets.container.plugin_container import (
+from hvconform.targets.container.plugin_container import (
     Bind,
     PluginContainer,
     PluginContainerError,
 )
-from conformance.targets.container.podman import PodmanRuntime
-from conformance.targets.container.spec import ContainerSpec, container_spec
-from conformance.targets.container.workloads import KVM, ContainerWorkloads
-from conformance.targets.local.node import LocalNode
-from conformance.targets.local.observe import PROBE_TIMEOUT_S, Observer
-from plugin.api.names import default_plugin_image
+from hvconform.targets.container.podman import PodmanRuntime
+from hvconform.targets.container.spec import ContainerSpec, container_spec
+from hvconform.targets.container.workloads import KVM, ContainerWorkloads
+from hvconform.targets.local.node import LocalNode
+from hvconform.targets.local.observe import PROBE_TIMEOUT_S, Observer
 
 TOOLS = ("dockerd", "containerd", "podman", "crun", "unshare", "nsenter", "debootstrap")
 

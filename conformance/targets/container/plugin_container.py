@@ -34,11 +34,11 @@ from typing import Any
 from testcontainers.core.config import testcontainers_config
 from testcontainers.core.container import DockerContainer
 
-from conformance.contract.ledger import Ledger
-from conformance.targets.container import nsops
-from conformance.targets.container.engine import DATA_ROOT
-from conformance.targets.container.spec import ContainerSpec
-from conformance.targets.local.procs import mount_points, proc_status
+from hvconform.contract.ledger import Ledger
+from hvconform.targets.container import nsops
+from hvconform.targets.container.engine import DATA_ROOT
+from hvconform.targets.container.spec import ContainerSpec
+from hvconform.targets.local.procs import mount_points, proc_status
 
 # TESTCONTAINERS_RYUK_DISABLED=true, forced rather than defaulted: the reaper is an image that
 # would be pulled from a registry, and none exists here.

@@ -30,8 +30,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from conformance.contract.ledger import Ledger
-from conformance.guest.cdi_resolve import SpecError, parse_spec
+from hvconform.contract.ledger import Ledger
+from hvconform.guest.cdi_resolve import SpecError, parse_spec
 
 ULIMITS = ("nofile=1024:1024", "nproc=1024:1024")
 # podman 4.3 (Debian 12) vendors container-device-interface 0.5: it refuses every spec whose

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.contract import hostfacts, runcontext
-from conformance.contract.preconditions import Found, Requirement, tool, version_of
-from conformance.manifests.chart import helm_requirement
-from conformance.targets.container.engine import ping
-from conformance.targets.local.preflight import local_requirements
+from hvconform.contract import hostfacts, runcontext
+from hvconform.contract.preconditions import Found, Requirement, tool, version_of
+from hvconform.manifests.chart import helm_requirement
+from hvconform.targets.container.engine import ping
+from hvconform.targets.local.preflight import local_requirements
 
 BOOTSTRAP_FIX = "scripts/bootstrap (apt-get install docker.io podman crun debootstrap)"
 DOCKERD_PATTERN = r"Docker version ([^\s,]+)"

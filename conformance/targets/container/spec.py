@@ -1,6 +1,6 @@
 """What `--runtime container` runs: the plugin container exactly as the profile's objects give it.
 
-The profile's deploy section is rendered as the cluster targets render it (conformance.manifests.
+The profile's deploy section is rendered as the cluster targets render it (hvconform.manifests.
 profile.render_deploy), for the target key "local" (a chart's `local` values, else its "*"), into
 namespace hvconform, with the plugin image set to deploy.image. The DaemonSet whose pods carry
 deploy.pods.labels and its container deploy.pods.container are what the engine runs:
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from conformance.contract.errors import Unhonoured
-from conformance.contract.plugin import PluginUnderTest, Probe
-from conformance.manifests.profile import plugin_workload, render_deploy
-from conformance.manifests.render import ManifestError
+from hvconform.contract.errors import Unhonoured
+from hvconform.contract.plugin import PluginUnderTest, Probe
+from hvconform.manifests.profile import plugin_workload, render_deploy
+from hvconform.manifests.render import ManifestError
 
 TARGET_KEY = "local"
 NAMESPACE = "hvconform"

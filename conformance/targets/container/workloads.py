@@ -13,11 +13,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.ledger import Ledger
-from conformance.contract.node import Allocation, GuestOutcome
-from conformance.contract.target_report import TargetReport
-from conformance.targets.container.podman import PodmanRuntime
-from conformance.targets.local.workloads import LocalWorkloads
+from hvconform.contract.ledger import Ledger
+from hvconform.contract.node import Allocation, GuestOutcome
+from hvconform.contract.target_report import TargetReport
+from hvconform.targets.container.podman import PodmanRuntime
+from hvconform.targets.local.workloads import LocalWorkloads
 
 GUEST_TIMEOUT_S = 60.0
 KVM = "/dev/kvm"

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conformance.targets.cluster.kindbin import KIND_CACHE
-from conformance.targets.realnode import KUBERNETES_VERSION, REPO
+from hvconform.targets.cluster.kindbin import KIND_CACHE
+from hvconform.targets.realnode import KUBERNETES_VERSION, REPO
 
 CACHE = KIND_CACHE
 BIN = CACHE / "bin"

@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.targets.cluster.kindbin import KIND_BIN, KIND_VERSION
-from conformance.targets.kindnode import BIN, CACHE, COREDNS_VERSION, ETCD_VERSION
-from conformance.targets.realnode import BIN as NODE_BIN
-from conformance.targets.realnode import KUBERNETES_VERSION, REPO
-from conformance.targets.realnode import build as nodebuild
+from hvconform.targets.cluster.kindbin import KIND_BIN, KIND_VERSION
+from hvconform.targets.kindnode import BIN, CACHE, COREDNS_VERSION, ETCD_VERSION
+from hvconform.targets.realnode import BIN as NODE_BIN
+from hvconform.targets.realnode import KUBERNETES_VERSION, REPO
+from hvconform.targets.realnode import build as nodebuild
 
 OURS = ("kind", "kubeadm", "kubectl", "kube-proxy", "etcd", "coredns")
 # The node target's, reused read-only from its cache (NODE_BIN).

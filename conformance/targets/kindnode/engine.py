@@ -1,13 +1,13 @@
 """The Docker engine kind runs under on this machine, and a wrapper that runs a command with it.
 
 kind needs a bridge network (it creates one named "kind") and a published API server port; the
-suite's own engine (conformance.targets.container.engine) has neither, on purpose. So kind gets
+suite's own engine (hvconform.targets.container.engine) has neither, on purpose. So kind gets
 an engine of its own roots (ENGINE_DATA_ROOT, ENGINE_EXEC_ROOT) with bridge networks and the
 userland proxy, still with no iptables rules, NAT or default bridge. Never the host's
 /var/run/docker.sock: the engine is this project's, started on demand and stopped by its last
 user, like the suite's engine.
 
-    python -m conformance.targets.kindnode.engine [--image TAG ...] -- COMMAND ...
+    python -m hvconform.targets.kindnode.engine [--image TAG ...] -- COMMAND ...
 
 runs COMMAND with DOCKER_HOST set to the kind engine and the cache's kind on PATH when none is
 there; each --image is copied from the suite's engine first when the kind engine lacks it (the
@@ -27,12 +27,12 @@ from collections.abc import Sequence
 
 import docker
 
-from conformance.contract import settings
-from conformance.targets.cluster.kindbin import kind_env, kind_version
-from conformance.targets.container.engine import DockerEngine
-from conformance.targets.kindnode import ENGINE_DATA_ROOT, ENGINE_EXEC_ROOT, NODE_IMAGE
-from conformance.targets.realnode import REPO
-from conformance.targets.realnode.node_images import build_images
+from hvconform.contract import settings
+from hvconform.targets.cluster.kindbin import kind_env, kind_version
+from hvconform.targets.container.engine import DockerEngine
+from hvconform.targets.kindnode import ENGINE_DATA_ROOT, ENGINE_EXEC_ROOT, NODE_IMAGE
+from hvconform.targets.realnode import REPO
+from hvconform.targets.realnode.node_images import build_images
 
 RUNTIME = "runc-bounded"
 

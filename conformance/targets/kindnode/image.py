@@ -25,8 +25,8 @@ from pathlib import Path
 
 import docker
 
-from conformance.targets.container.images import BASE_SCRIPT, MIRROR, SUITE, base_key
-from conformance.targets.kindnode import (
+from hvconform.targets.container.images import BASE_SCRIPT, MIRROR, SUITE, base_key
+from hvconform.targets.kindnode import (
     CACHE,
     CONTAINERD_DEB,
     KEY_LABEL,
@@ -36,10 +36,10 @@ from conformance.targets.kindnode import (
     oci,
     rootfs,
 )
-from conformance.targets.kindnode import build as kbuild
-from conformance.targets.kindnode.engine import kind_engine
-from conformance.targets.realnode import KUBERNETES_VERSION
-from conformance.targets.realnode.image import layer as pause_layer
+from hvconform.targets.kindnode import build as kbuild
+from hvconform.targets.kindnode.engine import kind_engine
+from hvconform.targets.realnode import KUBERNETES_VERSION
+from hvconform.targets.realnode.image import layer as pause_layer
 
 # kubeadm's image name (without registry and tag) -> (binary, where it goes, entrypoint)
 BINARY_IMAGES = {

@@ -15,7 +15,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conformance.targets.realnode.image import FILES, _info, _tar
+from hvconform.targets.realnode.image import FILES, _info, _tar
 
 DIRS = ("etc", "tmp", "var", "var/run", "run", "usr", "usr/local", "usr/local/bin", "proc",
         "sys", "dev")  # fmt: skip

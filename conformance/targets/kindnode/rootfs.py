@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from conformance.targets.kindnode import CACHE, CONTAINERD_DEB, RECIPE
-from conformance.targets.realnode import KUBERNETES_VERSION
-from conformance.targets.realnode.deps import _apt, private_apt
+from hvconform.targets.kindnode import CACHE, CONTAINERD_DEB, RECIPE
+from hvconform.targets.realnode import KUBERNETES_VERSION
+from hvconform.targets.realnode.deps import _apt, private_apt
 
 Log = Callable[[str], None]
 # recipe file -> where it goes in the node, and its mode

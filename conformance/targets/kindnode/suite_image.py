@@ -1,10 +1,10 @@
-"""The suite's own image, built offline: `python -m conformance.targets.kindnode.suite_image`
+"""The suite's own image, built offline: `python -m hvconform.targets.kindnode.suite_image`
 (`nox -s suite-image`).
 
 hvconform with its conformance extra in a venv, and the pinned tools it drives against a cluster:
 helm (the chart's render), kind, kubectl and crictl, copied from where this machine's builds put
 them (kind and kubectl: `nox -s kind-image`, this package's builds; crictl: `nox -s node-build`;
-helm: `nox -s helm`). It is made as the plugin image is (conformance.targets.container.images):
+helm: `nox -s helm`). It is made as the plugin image is (hvconform.targets.container.images):
 the debootstrap base, a builder holding a wheelhouse (here of the conformance extra too), then
 images/suite/Dockerfile with `network_mode=none`. /opt/hvconform/build-info.json names the source
 commit and each tool's release, read from the binary's own Go build information and checked
@@ -25,17 +25,17 @@ from pathlib import Path
 
 import docker
 
-from conformance.contract.buildinfo import BuildInfo, Tool
-from conformance.contract.datafiles import SHIPPED
-from conformance.targets.cluster.kindbin import KIND_BIN, KIND_VERSION
-from conformance.targets.container import images
-from conformance.targets.container.images import BuiltImage, Log
-from conformance.targets.kindnode import BIN
-from conformance.targets.kindnode.gobinary import NotGoBinary
-from conformance.targets.kindnode.gobinary import read as go_build
-from conformance.targets.realnode import BIN as NODE_BIN
-from conformance.targets.realnode import CRICTL_VERSION, KUBERNETES_VERSION, REPO
-from plugin.api.names import installed_version
+from hv_device_plugin.api.names import installed_version
+from hvconform.contract.buildinfo import BuildInfo, Tool
+from hvconform.contract.datafiles import SHIPPED
+from hvconform.targets.cluster.kindbin import KIND_BIN, KIND_VERSION
+from hvconform.targets.container import images
+from hvconform.targets.container.images import BuiltImage, Log
+from hvconform.targets.kindnode import BIN
+from hvconform.targets.kindnode.gobinary import NotGoBinary
+from hvconform.targets.kindnode.gobinary import read as go_build
+from hvconform.targets.realnode import BIN as NODE_BIN
+from hvconform.targets.realnode import CRICTL_VERSION, KUBERNETES_VERSION, REPO
 
 REPOSITORY = "hvconform"
 DOCKERFILE = "images/suite/Dockerfile"
@@ -173,11 +173,11 @@ def ensure_suite_image(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from conformance.manifests.chart import ChartError, helm_binary
-    from conformance.targets.container.engine import DockerEngine
+    from hvconform.manifests.chart import ChartError, helm_binary
+    from hvconform.targets.container.engine import DockerEngine
 
     parser = argparse.ArgumentParser(
-        prog="python -m conformance.targets.kindnode.suite_image",
+        prog="python -m hvconform.targets.kindnode.suite_image",
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
     parser.add_argument(

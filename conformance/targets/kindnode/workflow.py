@@ -3,7 +3,7 @@ what CI does is what ran on this machine (issue 19). The steps are the reusable 
 (.github/workflows/hvconform-plugin.yml), with the inputs .github/workflows/conformance-kind.yml
 calls it with (`${{ inputs.X }}`).
 
-    python -m conformance.targets.kindnode.workflow [--env KEY=VALUE ...] [--json FILE]
+    python -m hvconform.targets.kindnode.workflow [--env KEY=VALUE ...] [--json FILE]
 
 GitHub's runner is imitated as far as the steps read it: a bash shell (-eo pipefail) in the
 repository, RUNNER_TEMP, GITHUB_SHA, GITHUB_PATH/GITHUB_ENV (read back after every step),
@@ -43,17 +43,17 @@ from typing import Any
 import docker
 import yaml
 
-from conformance.targets.container.engine import DockerEngine
-from conformance.targets.kindnode import CACHE, NODE_IMAGE
-from conformance.targets.kindnode.engine import (
+from hvconform.targets.container.engine import DockerEngine
+from hvconform.targets.kindnode import CACHE, NODE_IMAGE
+from hvconform.targets.kindnode.engine import (
     copy_image,
     device_metadata,
     inventory,
     kind_engine,
     leftovers,
 )
-from conformance.targets.realnode import REPO
-from conformance.targets.realnode.node_images import build_images
+from hvconform.targets.realnode import REPO
+from hvconform.targets.realnode.node_images import build_images
 
 WORKFLOW = REPO / ".github" / "workflows" / "hvconform-plugin.yml"
 JOB = "conformance"

@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.base import discover_spec
-from conformance.contract.dra_profile import API_DEVICE_PLUGIN
-from conformance.contract.node import CAP_GUEST, CAP_LONG_GUEST, CAP_READINESS, Allocation
-from conformance.contract.wait import WaitExpired, wait_for
+from hvconform.contract.base import discover_spec
+from hvconform.contract.dra_profile import API_DEVICE_PLUGIN
+from hvconform.contract.node import CAP_GUEST, CAP_LONG_GUEST, CAP_READINESS, Allocation
+from hvconform.contract.wait import WaitExpired, wait_for
 
 RESTORE_TIMEOUT_S = 30.0
 FIRST_TRY_S = 5.0

@@ -1,5 +1,5 @@
 """The local node's evidence hooks: its plugin log cut exactly by byte offset, and the kubelet
-emulator's records of a check's window (conformance.suite.evidence calls them when present).
+emulator's records of a check's window (hvconform.suite.evidence calls them when present).
 
 The sandboxed plugin appends to one log file for the node's whole life (every restart of the
 plugin opens it for appending), so the file's size when a check starts is exactly where that
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from conformance.kubelet import ThreadedKubeletEmulator
-    from conformance.targets.local.sandbox import PluginSandbox
+    from hvconform.kubelet import ThreadedKubeletEmulator
+    from hvconform.targets.local.sandbox import PluginSandbox
 
 
 class LocalEvidence:

@@ -12,10 +12,10 @@ import stat
 import subprocess
 from pathlib import Path
 
-from conformance.contract.node import Area
-from conformance.contract.plugin import PluginUnderTest
-from conformance.targets.local.hostfiles import HostFiles, umount
-from conformance.targets.local.sandbox import PluginSandbox
+from hvconform.contract.node import Area
+from hvconform.contract.plugin import PluginUnderTest
+from hvconform.targets.local.hostfiles import HostFiles, umount
+from hvconform.targets.local.sandbox import PluginSandbox
 
 
 class LocalFaults(HostFiles):

@@ -11,10 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conformance.contract.base import NodeBase
-from conformance.contract.ledger import Ledger
-from conformance.contract.node import Area, FileInfo, ReadStats
-from conformance.contract.wait import wait_for
+from hvconform.contract.base import NodeBase
+from hvconform.contract.ledger import Ledger
+from hvconform.contract.node import Area, FileInfo, ReadStats
+from hvconform.contract.wait import wait_for
 
 _KINDS = (
     (stat.S_ISREG, "file"),
@@ -149,7 +149,7 @@ class HostFiles(LocalFiles, NodeBase):
         self.out_dir = out_dir
         self.worker = worker
         self.plugin_cmd = (
-            shlex.split(plugin_cmd) if plugin_cmd else [sys.executable, "-m", "plugin"]
+            shlex.split(plugin_cmd) if plugin_cmd else [sys.executable, "-m", "hv_device_plugin"]
         )
         self.ledger = Ledger(out_dir / "ledger" / f"{worker}.jsonl", owner=worker)
         self.baseline_spec = b""
@@ -184,7 +184,7 @@ class ReaderStorm:
         args = [
             sys.executable,
             "-m",
-            "conformance.readstorm",
+            "hvconform.readstorm",
             str(path),
             "--out",
             str(self._out),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from conformance.contract.wait import WaitExpired, wait_for
+from hvconform.contract.wait import WaitExpired, wait_for
 
 # The kubelet's defaults for a probe that sets neither (v1 Probe: periodSeconds,
 # failureThreshold); profiles name no period, so the plugin gets the kubelet's patience.

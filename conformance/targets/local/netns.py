@@ -39,7 +39,7 @@ from types import TracebackType
 
 from pyroute2 import IPRoute, NetlinkError, netns
 
-from conformance.contract.ledger import (
+from hvconform.contract.ledger import (
     SHARED_OWNERS_XATTR,
     Entry,
     Ledger,

@@ -21,8 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.base import set_up
-from conformance.contract.node import (
+from hv_device_plugin.api.wire import KUBELET_SOCKET
+from hvconform.contract.base import set_up
+from hvconform.contract.node import (
     CAP_DEVICE_LATE,
     CAP_DEVICE_REMAP,
     CAP_DEVICE_VIEW,
@@ -44,25 +45,24 @@ from conformance.contract.node import (
     CAP_SOCKET_REDIRECT,
     CAP_STREAM_END,
 )
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.ran import PluginRan
-from conformance.contract.results import EnvironmentBlocked
-from conformance.contract.runcontext import RunContext
-from conformance.contract.wait import wait_for
-from conformance.kubelet import ThreadedKubeletEmulator
-from conformance.kubelet.accounting import EventKind
-from conformance.targets.local.baseline import BaselineRestore
-from conformance.targets.local.evidence import LocalEvidence
-from conformance.targets.local.faults import LocalFaults
-from conformance.targets.local.hostfiles import device_metadata, mount, umount
-from conformance.targets.local.liveness import kubelet_live
-from conformance.targets.local.netns import free_index
-from conformance.targets.local.plugin_view import SandboxedPluginView
-from conformance.targets.local.pods import LocalPods, LocalRuntime
-from conformance.targets.local.reboot import LocalNodeFaults
-from conformance.targets.local.sandbox import PluginSandbox
-from conformance.targets.local.workloads import LocalWorkloads
-from plugin.api.wire import KUBELET_SOCKET
+from hvconform.contract.plugin import PluginUnderTest
+from hvconform.contract.ran import PluginRan
+from hvconform.contract.results import EnvironmentBlocked
+from hvconform.contract.runcontext import RunContext
+from hvconform.contract.wait import wait_for
+from hvconform.kubelet import ThreadedKubeletEmulator
+from hvconform.kubelet.accounting import EventKind
+from hvconform.targets.local.baseline import BaselineRestore
+from hvconform.targets.local.evidence import LocalEvidence
+from hvconform.targets.local.faults import LocalFaults
+from hvconform.targets.local.hostfiles import device_metadata, mount, umount
+from hvconform.targets.local.liveness import kubelet_live
+from hvconform.targets.local.netns import free_index
+from hvconform.targets.local.plugin_view import SandboxedPluginView
+from hvconform.targets.local.pods import LocalPods, LocalRuntime
+from hvconform.targets.local.reboot import LocalNodeFaults
+from hvconform.targets.local.sandbox import PluginSandbox
+from hvconform.targets.local.workloads import LocalWorkloads
 
 HEALTH_PORT = 8080
 SETUP_TIMEOUT_S = 60.0

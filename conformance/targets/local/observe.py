@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from conformance.contract.plugin import PluginUnderTest, Probe
+from hvconform.contract.plugin import PluginUnderTest, Probe
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from conformance.contract.plugin import PluginUnderTest, Probe
-from conformance.contract.ran import PluginRan
-from conformance.targets.local.observe import Observer
-from conformance.targets.local.sandbox import PluginSandbox
+from hvconform.contract.plugin import PluginUnderTest, Probe
+from hvconform.contract.ran import PluginRan
+from hvconform.targets.local.observe import Observer
+from hvconform.targets.local.sandbox import PluginSandbox
 
 
 class SandboxedPluginView:

@@ -18,16 +18,16 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.node import (
+from hv_device_plugin.api import deviceplugin_pb2 as pb
+from hv_device_plugin.api.wire import HEALTHY
+from hvconform.contract.node import (
     Allocation,
     DeviceSpec,
     NodeEvent,
     PodResources,
     PodView,
 )
-from conformance.kubelet import EventKind, PodRecord, ThreadedKubeletEmulator
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.api.wire import HEALTHY
+from hvconform.kubelet import EventKind, PodRecord, ThreadedKubeletEmulator
 
 STOP_TIMEOUT_S = 10.0
 

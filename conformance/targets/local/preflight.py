@@ -4,17 +4,17 @@ and what it ran on.
 `preconditions(target, runtime)` lists the external components in the order they depend on each
 other (root before anything that mknods or mounts); `environment(target, runtime)` adds what the
 target runs on top of the host facts every run records. The container runtime of the local
-target has its own module (`conformance.targets.container.preflight`), which starts from these.
+target has its own module (`hvconform.targets.container.preflight`), which starts from these.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from conformance.contract import hostfacts
-from conformance.contract.preconditions import Found, Requirement, tool, version_of
-from conformance.targets.local.runtime import workload_python
-from conformance.targets.local.workload_program import FIX, NoWorkloadPython, candidates
+from hvconform.contract import hostfacts
+from hvconform.contract.preconditions import Found, Requirement, tool, version_of
+from hvconform.targets.local.runtime import workload_python
+from hvconform.targets.local.workload_program import FIX, NoWorkloadPython, candidates
 
 UTIL_LINUX_FIX = "apt-get install util-linux mount"
 

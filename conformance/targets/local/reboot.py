@@ -18,11 +18,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from conformance.contract.node import Area
-from conformance.contract.plugin import PluginUnderTest
-from conformance.kubelet import ThreadedKubeletEmulator
-from conformance.targets.local.pods import kill_guests, null_node, real_kvm_numbers
-from conformance.targets.local.sandbox import PluginSandbox
+from hvconform.contract.node import Area
+from hvconform.contract.plugin import PluginUnderTest
+from hvconform.kubelet import ThreadedKubeletEmulator
+from hvconform.targets.local.pods import kill_guests, null_node, real_kvm_numbers
+from hvconform.targets.local.sandbox import PluginSandbox
 
 DEVICE = "/dev/kvm"
 

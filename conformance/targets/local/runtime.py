@@ -1,7 +1,7 @@
 """A container runtime, emulated for the local target: CDI edits applied the way runtimes do.
 
 `run_workload` / `start_workload`:
-1. Resolve every CDI name with the CDI cache rules (conformance.guest.cdi_resolve). An unresolvable
+1. Resolve every CDI name with the CDI cache rules (hvconform.guest.cdi_resolve). An unresolvable
    name raises UnresolvableCDIDevice("unresolvable CDI devices <names>") before anything starts,
    as container creation fails.
 2. Through the launcher: a fresh network namespace with only lo (`--network none`), a private
@@ -38,13 +38,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
-from conformance.contract.ledger import Ledger
-from conformance.contract.node import DeviceSpec
-from conformance.guest.cdi_resolve import CDIRegistry, DeviceNode, ResolvedDevice
-from conformance.guest.privileges import NOBODY
-from conformance.targets.local.launcher import LAUNCHER, NodeSpec
-from conformance.targets.local.procs import read_handshake
-from conformance.targets.local.workload_program import STAGE, Program, choose_python
+from hvconform.contract.ledger import Ledger
+from hvconform.contract.node import DeviceSpec
+from hvconform.guest.cdi_resolve import CDIRegistry, DeviceNode, ResolvedDevice
+from hvconform.guest.privileges import NOBODY
+from hvconform.targets.local.launcher import LAUNCHER, NodeSpec
+from hvconform.targets.local.procs import read_handshake
+from hvconform.targets.local.workload_program import STAGE, Program, choose_python
 
 BASE_DEVS = "null,zero,urandom"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -257,7 +257,7 @@ def start_workload(
 
 @functools.lru_cache(maxsize=8)
 def workload_python(uid: int = NOBODY, gid: int = NOBODY) -> str:
-    """A Python >= 3.11 that uid/gid can exec and that imports the staged conformance.guest;
+    """A Python >= 3.11 that uid/gid can exec and that imports the staged hvconform.guest;
     NoWorkloadPython (one line naming every candidate) when there is none."""
 
     def run(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
@@ -273,7 +273,7 @@ def workload_python(uid: int = NOBODY, gid: int = NOBODY) -> str:
 def guest_command(
     *args: str, drop_privileges: bool = True, uid: int = NOBODY, gid: int = NOBODY
 ) -> tuple[list[str], dict[str, str]]:
-    """argv and env that run `python -m conformance.guest ARGS` as a workload of uid/gid."""
+    """argv and env that run `python -m hvconform.guest ARGS` as a workload of uid/gid."""
     program = Program(workload_python(uid, gid), str(STAGE.path()))
     argv, env = program.command(*args)
     if drop_privileges:

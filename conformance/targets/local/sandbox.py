@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from conformance.contract.ledger import Ledger
-from conformance.targets.local import binds as binds_mod
-from conformance.targets.local import launcher
-from conformance.targets.local.netns import NetNamespace
-from conformance.targets.local.procs import (
+from hvconform.contract.ledger import Ledger
+from hvconform.targets.local import binds as binds_mod
+from hvconform.targets.local import launcher
+from hvconform.targets.local.netns import NetNamespace
+from hvconform.targets.local.procs import (
     mount_points,
     namespace_members,
     proc_status,

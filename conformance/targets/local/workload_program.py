@@ -26,12 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.contract import settings
-from conformance.contract.datafiles import package_dir
+from hvconform.contract import settings
+from hvconform.contract.datafiles import import_name, package_dir
 
-# Where the conformance package is imported from (a checkout, or site-packages): the guest is there.
-IMPORT_ROOT = package_dir().parent
-GUEST_PACKAGE = "conformance.guest"
+# The suite's package where it is imported from (the checkout's conformance/, or
+# site-packages/hvconform): the guest is there. A workload imports it under its import name.
+SUITE_PACKAGE = package_dir()
+GUEST_PACKAGE = f"{import_name()}.guest"
 PYTHON_ENV = settings.ENV["workload_python"][0]
 STAGE_PARENT = Path("/tmp")  # world-searchable (1777) on every Linux system
 STAGE_PREFIX = "hvconform-guest-"  # then the owning pid
@@ -41,7 +42,7 @@ FIX = (
     f"{PYTHON_ENV} to a Python >= 3.11 outside 0700 directories"
 )
 # What a candidate must do as the workload's uid/gid: import the staged guest, be new enough.
-PROBE = f"import sys, conformance.guest; sys.exit(0 if sys.version_info >= {MIN_PYTHON!r} else 3)"
+PROBE = f"import sys, {GUEST_PACKAGE}; sys.exit(0 if sys.version_info >= {MIN_PYTHON!r} else 3)"
 
 
 class NoWorkloadPython(LookupError):
@@ -57,18 +58,18 @@ class Program:
         return [self.python, "-m", GUEST_PACKAGE, *args], {"PYTHONPATH": self.pythonpath}
 
 
-def guest_sources(repo: Path = IMPORT_ROOT) -> list[Path]:
-    """The files a workload needs, relative to repo: the guest package and its parent's
+def guest_sources(package: Path = SUITE_PACKAGE) -> list[Path]:
+    """The files a workload needs, below the suite's package: the guest package and the suite's
     __init__ (the guest imports nothing else, an import-linter contract holds it to that)."""
-    guest = repo / "conformance" / "guest"
-    return [repo / "conformance" / "__init__.py", *sorted(guest.glob("*.py"))]
+    return [package / "__init__.py", *sorted((package / "guest").glob("*.py"))]
 
 
-def stage(dest: Path, repo: Path = IMPORT_ROOT) -> Path:
-    """Copy the guest program below dest, readable by everyone; returns its PYTHONPATH."""
+def stage(dest: Path, package: Path = SUITE_PACKAGE) -> Path:
+    """Copy the guest program below dest (as dest/hvconform/guest), readable by everyone;
+    returns its PYTHONPATH."""
     dest.chmod(0o755)
-    for source in guest_sources(repo):
-        target = dest / source.relative_to(repo)
+    for source in guest_sources(package):
+        target = dest / import_name() / source.relative_to(package)
         for parent in reversed(target.relative_to(dest).parents[:-1]):
             (dest / parent).mkdir(mode=0o755, exist_ok=True)
             (dest / parent).chmod(0o755)  # mkdir's mode is masked by the umask

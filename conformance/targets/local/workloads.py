@@ -14,11 +14,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.ledger import Ledger
-from conformance.contract.node import Allocation, DeviceSpec, GuestOutcome
-from conformance.guest.cdi_resolve import resolve
-from conformance.kubelet import ThreadedKubeletEmulator
-from conformance.targets.local.runtime import guest_command, run_workload, start_workload
+from hvconform.contract.ledger import Ledger
+from hvconform.contract.node import Allocation, DeviceSpec, GuestOutcome
+from hvconform.guest.cdi_resolve import resolve
+from hvconform.kubelet import ThreadedKubeletEmulator
+from hvconform.targets.local.runtime import guest_command, run_workload, start_workload
 
 # Long guests are started from the emulator's runtime thread too: their handles (container IDs)
 # come from one locked counter, never from the size of a dict another thread may be growing.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from plugin.api.wire import DEVICE_PLUGIN_DIR, KUBELET_SOCKET, POD_RESOURCES_DIR
+from hv_device_plugin.api.wire import DEVICE_PLUGIN_DIR, KUBELET_SOCKET, POD_RESOURCES_DIR
 
 KUBERNETES_VERSION = "v1.37.2"
 STAGING_VERSION = "v0.37.2"  # the staging modules are tagged v0.<minor>.<patch> with the release
@@ -48,5 +48,5 @@ SERVICE_IP = "10.87.1.1"
 ETCD_CLIENT_PORT = 12379
 ETCD_PEER_PORT = 12380
 # Feature gates the node stack sets on its components: none, so v1.37.2's defaults hold (the
-# run's environment says so, with the components' own word: conformance.contract.featuregates).
+# run's environment says so, with the components' own word: hvconform.contract.featuregates).
 FEATURE_GATES: dict[str, bool] = {}

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.targets.realnode import (
+from hvconform.targets.realnode import (
     BIN,
     CACHE,
     CNI_PLUGINS,
@@ -93,7 +93,7 @@ def render_build_module(release_go_mod: str) -> str:
         "// release. k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with",
         "// ./staging/... paths that do not exist outside its repository, so this module pins each",
         "// staging module to the published tag of the same release. Written by",
-        "// `python -m conformance.targets.realnode.build --pin` from the release's own go.mod.",
+        "// `python -m hvconform.targets.realnode.build --pin` from the release's own go.mod.",
         "module hv.local/nodebuild",
         "",
         f"go {go.group(1) if go else '1.26.0'}",

@@ -8,17 +8,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conformance.targets.realnode import (
+from hvconform.contract.datafiles import import_name, package_dir
+from hvconform.targets.realnode import (
     CDI_DIR,
     CONTAINERD_SOCKET,
     NODE_NAME,
     PAUSE_IMAGE,
-    REPO,
     RUN,
     STATE,
 )
 
 PKI = STATE / "pki"
+# Where a workload finds the guest program: the suite's own package (the checkout's conformance/
+# or site-packages/hvconform), mounted read-only under its import name.
+PACKAGES = "/hv-packages"
 KUBELET_HEALTHZ = 20248
 KUBELET_PORT = 20250
 NAMESPACE = "default"
@@ -160,10 +163,12 @@ makeIPTablesUtilChains: false
 
 
 def workload_pod(name: str, resource: str, command: list[str], state: Path) -> dict[str, Any]:
-    """A host-network pod of the offline image: the host's /usr and this repo, read-only."""
+    """A host-network pod of the offline image: the host's /usr and the suite's package,
+    read-only."""
+    suite = package_dir()
     vols = {
         "usr": ("/usr", "/usr", True),
-        "repo": (str(REPO), "/repo", True),
+        "suite": (str(suite), f"{PACKAGES}/{import_name()}", True),
         "state": (str(state), "/state", False),
     }
     return {
@@ -184,7 +189,7 @@ def workload_pod(name: str, resource: str, command: list[str], state: Path) -> d
                     "image": PAUSE_IMAGE,
                     "imagePullPolicy": "Never",
                     "command": command,
-                    "env": [{"name": "PYTHONPATH", "value": "/repo"}],
+                    "env": [{"name": "PYTHONPATH", "value": PACKAGES}],
                     "resources": {"limits": {resource: "1"}},
                     "securityContext": {
                         "allowPrivilegeEscalation": False,

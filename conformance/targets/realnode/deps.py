@@ -26,8 +26,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from conformance.contract.preconditions import version_of
-from conformance.targets.realnode import REPO
+from hvconform.contract.preconditions import version_of
+from hvconform.targets.realnode import REPO
 
 CONTAINERD_VERSION = "1.7.24"  # trixie's; the first with CDI is 1.7.0
 SOURCES = Path("/etc/apt/sources.list.d/hv-node-trixie.sources")

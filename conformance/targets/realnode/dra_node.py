@@ -11,7 +11,7 @@ plugin gets; what differs is what a DRA driver needs, each given as its chart's 
 - the DeviceClass pods ask for: the profile's manifest, or one that selects every device of the
   driver and maps the profile's extended resource to it (KEP-5004).
 Workload pods are scheduled (the scheduler allocates their claims). The catalogue's
-observations mean here what conformance.contract.dra says; the driver's registration socket is
+observations mean here what hvconform.contract.dra says; the driver's registration socket is
 the one in the kubelet's plugins_registry whose GetInfo names its driver (any name). Everything
 made is deleted at the end: the DeviceClass, the RBAC objects, the driver's ResourceSlices on
 this node, and of the host's directories only what the run made: the driver's plugin dir when
@@ -32,7 +32,10 @@ from typing import Any
 
 import grpc
 
-from conformance.contract.dra import (
+from hv_device_plugin.api import pluginregistration_pb2 as reg_pb
+from hv_device_plugin.api import pluginregistration_pb2_grpc as reg_grpc
+from hv_device_plugin.api.dra_wire import RESOURCE_API
+from hvconform.contract.dra import (
     CAP_DRA,
     CAP_KUBELET_STOP,
     CAP_REGISTRATION_SOCKET,
@@ -47,25 +50,22 @@ from conformance.contract.dra import (
     slice_view,
     unprepare_failed,
 )
-from conformance.contract.dra_profile import load_device_class
-from conformance.contract.errors import ProfileError
-from conformance.contract.ledger import make_dirs, remove_made_dirs
-from conformance.contract.node import PodView
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.results import EnvironmentBlocked
-from conformance.targets.local.sandbox import PluginSandbox
-from conformance.targets.realnode import API_PORT, KUBELET_ROOT, NODE_NAME, procs, stack
-from conformance.targets.realnode.api_relay import ApiRelay
-from conformance.targets.realnode.configs import NAMESPACE, PKI
-from conformance.targets.realnode.events import klog_monotonic
-from conformance.targets.realnode.kubeapi import ApiError
-from conformance.targets.realnode.node import RealNode
-from conformance.targets.realnode.pki import ensure_client, kubeconfig
-from conformance.targets.realnode.pods import PODS, _view
-from conformance.targets.realnode.reboot import kubelet_sock_made
-from plugin.api import pluginregistration_pb2 as reg_pb
-from plugin.api import pluginregistration_pb2_grpc as reg_grpc
-from plugin.api.dra_wire import RESOURCE_API
+from hvconform.contract.dra_profile import load_device_class
+from hvconform.contract.errors import ProfileError
+from hvconform.contract.ledger import make_dirs, remove_made_dirs
+from hvconform.contract.node import PodView
+from hvconform.contract.plugin import PluginUnderTest
+from hvconform.contract.results import EnvironmentBlocked
+from hvconform.targets.local.sandbox import PluginSandbox
+from hvconform.targets.realnode import API_PORT, KUBELET_ROOT, NODE_NAME, procs, stack
+from hvconform.targets.realnode.api_relay import ApiRelay
+from hvconform.targets.realnode.configs import NAMESPACE, PKI
+from hvconform.targets.realnode.events import klog_monotonic
+from hvconform.targets.realnode.kubeapi import ApiError
+from hvconform.targets.realnode.node import RealNode
+from hvconform.targets.realnode.pki import ensure_client, kubeconfig
+from hvconform.targets.realnode.pods import PODS, _view
+from hvconform.targets.realnode.reboot import kubelet_sock_made
 
 RESOURCE = f"/apis/{RESOURCE_API}"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"

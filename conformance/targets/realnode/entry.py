@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from conformance.contract.base import set_up
-from conformance.contract.runcontext import RunContext
-from conformance.targets.realnode.dra_node import RealDraNode
-from conformance.targets.realnode.node import RealNode
+from hvconform.contract.base import set_up
+from hvconform.contract.runcontext import RunContext
+from hvconform.targets.realnode.dra_node import RealDraNode
+from hvconform.targets.realnode.node import RealNode
 
 
 @contextmanager

@@ -32,10 +32,10 @@ from typing import Any
 
 import grpc
 
-from conformance.contract.node import NodeEvent
-from conformance.targets.realnode import NODE_NAME, PODRESOURCES_SOCKET
-from conformance.targets.realnode.configs import NAMESPACE
-from conformance.targets.realnode.kubeapi import Api, ApiError, allocatable_devices
+from hvconform.contract.node import NodeEvent
+from hvconform.targets.realnode import NODE_NAME, PODRESOURCES_SOCKET
+from hvconform.targets.realnode.configs import NAMESPACE
+from hvconform.targets.realnode.kubeapi import Api, ApiError, allocatable_devices
 
 SAMPLE_EVERY_S = 0.05  # 20 of the kubelet's 100 pod-resources calls a second
 BURST_EVERY_S = 0.02  # 50 a second while a fault is watched: the checks' own calls fit beside

@@ -15,12 +15,12 @@ import time
 from datetime import datetime
 from typing import Any
 
-from conformance.contract.node import Area
-from conformance.contract.quantity import quantity
-from conformance.contract.wait import wait_for
-from conformance.targets.local.hostfiles import HostFiles
-from conformance.targets.realnode import NODE_NAME
-from conformance.targets.realnode.kubeapi import Api
+from hvconform.contract.node import Area
+from hvconform.contract.quantity import quantity
+from hvconform.contract.wait import wait_for
+from hvconform.targets.local.hostfiles import HostFiles
+from hvconform.targets.realnode import NODE_NAME
+from hvconform.targets.realnode.kubeapi import Api
 
 FRESH_MARGIN_S = 0.05  # a status this much after a change: the plugin's event path is ms
 FRESH_TIMEOUT_S = 15.0  # the kubelet writes one every second; 15 s without one is a dead kubelet

@@ -3,7 +3,7 @@
 An OCI image layout tar holding one layer: the locally built static `pause` binary (node/pause),
 empty mount points and the merged-/usr symlinks (bin, lib, lib64, sbin -> usr/...). Pod sandboxes
 run /pause; workload containers run the host's /usr/bin/python3 from a read-only hostPath of
-/usr, with the repository mounted read-only for the stdlib-only guest (conformance.guest).
+/usr, with the repository mounted read-only for the stdlib-only guest (hvconform.guest).
 Deterministic: the same pause binary gives the same digest. Imported with `ctr images import`
 into containerd's k8s.io namespace under PAUSE_IMAGE.
 """
@@ -17,7 +17,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from conformance.targets.realnode import BIN, CONTAINERD_SOCKET, PAUSE_IMAGE
+from hvconform.targets.realnode import BIN, CONTAINERD_SOCKET, PAUSE_IMAGE
 
 DIRS = ("usr", "tmp", "etc", "proc", "sys", "dev", "run", "repo", "state")
 LINKS = {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64", "sbin": "usr/sbin"}

@@ -1,5 +1,5 @@
 """Observing the real node: the API server (JSON over mutual TLS) and the kubelet's podresources
-gRPC API on this host (decoded by conformance.contract.podresources).
+gRPC API on this host (decoded by hvconform.contract.podresources).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import ssl
 from pathlib import Path
 from typing import Any
 
-from conformance.contract import podresources
-from conformance.contract.podresources import PodDevices, allocatable_devices
-from conformance.contract.quantity import quantity
-from conformance.targets.realnode import API_PORT, PODRESOURCES_SOCKET
+from hvconform.contract import podresources
+from hvconform.contract.podresources import PodDevices, allocatable_devices
+from hvconform.contract.quantity import quantity
+from hvconform.targets.realnode import API_PORT, PODRESOURCES_SOCKET
 
 # quantity: kept importable here
 __all__ = ["Api", "ApiError", "PodDevices", "PodResources", "allocatable_devices", "quantity"]
@@ -60,7 +60,7 @@ class Api:
 
 
 class PodResources:
-    """The kubelet's podresources API on its unix socket (conformance.contract.podresources)."""
+    """The kubelet's podresources API on its unix socket (hvconform.contract.podresources)."""
 
     def __init__(self, socket: Path = PODRESOURCES_SOCKET) -> None:
         self.socket = socket

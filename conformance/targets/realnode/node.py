@@ -25,9 +25,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from conformance.contract import featuregates
-from conformance.contract.ledger import mounts_at
-from conformance.contract.node import (
+from hvconform.contract import featuregates
+from hvconform.contract.ledger import mounts_at
+from hvconform.contract.node import (
     CAP_DEVICE_LATE,
     CAP_NODE_REBOOT,
     CAP_POD_DEVICE_HEALTH,
@@ -38,15 +38,15 @@ from conformance.contract.node import (
     DeviceSpec,
     GuestOutcome,
 )
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.results import EnvironmentBlocked
-from conformance.contract.runtime_facts import RuntimeFacts, cdi_off
-from conformance.contract.wait import WaitExpired, wait_for
-from conformance.guest.cdi_resolve import resolve
-from conformance.targets.local.hostfiles import device_metadata, mount, umount
-from conformance.targets.local.liveness import kubelet_live
-from conformance.targets.local.node import BASE_CAPABILITIES
-from conformance.targets.realnode import (
+from hvconform.contract.plugin import PluginUnderTest
+from hvconform.contract.results import EnvironmentBlocked
+from hvconform.contract.runtime_facts import RuntimeFacts, cdi_off
+from hvconform.contract.wait import WaitExpired, wait_for
+from hvconform.guest.cdi_resolve import resolve
+from hvconform.targets.local.hostfiles import device_metadata, mount, umount
+from hvconform.targets.local.liveness import kubelet_live
+from hvconform.targets.local.node import BASE_CAPABILITIES
+from hvconform.targets.realnode import (
     BIN,
     CDI_DIR,
     FEATURE_GATES,
@@ -56,13 +56,13 @@ from conformance.targets.realnode import (
     procs,
     stack,
 )
-from conformance.targets.realnode.configs import NAMESPACE, PKI, workload_pod
-from conformance.targets.realnode.events import NodeEventLog, klog_monotonic
-from conformance.targets.realnode.kubeapi import Api, PodResources
-from conformance.targets.realnode.pods import POD_TIMEOUT_S, RealPods
-from conformance.targets.realnode.reboot import RealNodeFaults, kubelet_sock_made
-from conformance.targets.realnode.restore import RealRestore
-from conformance.targets.realnode.sandboxed import (
+from hvconform.targets.realnode.configs import NAMESPACE, PKI, workload_pod
+from hvconform.targets.realnode.events import NodeEventLog, klog_monotonic
+from hvconform.targets.realnode.kubeapi import Api, PodResources
+from hvconform.targets.realnode.pods import POD_TIMEOUT_S, RealPods
+from hvconform.targets.realnode.reboot import RealNodeFaults, kubelet_sock_made
+from hvconform.targets.realnode.restore import RealRestore
+from hvconform.targets.realnode.sandboxed import (
     PLUGIN_LOG,
     SandboxedPlugin,
     make_shared,
@@ -360,7 +360,7 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
 
     def run_guest(self, allocation: Allocation) -> GuestOutcome:
         device = self._device_in_workload(allocation)
-        argv = ["/usr/bin/python3", "-m", "conformance.guest", "run", "--json", "--device", device]
+        argv = ["/usr/bin/python3", "-m", "hvconform.guest", "run", "--json", "--device", device]
         cmd = self._exec(allocation, argv)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
@@ -371,7 +371,7 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
     def start_long_guest(self, allocation: Allocation) -> str:
         handle = f"guest-{len(self._guests)}"
         device = self._device_in_workload(allocation)
-        argv = ["/usr/bin/python3", "-m", "conformance.guest", "counter", "--device", device,
+        argv = ["/usr/bin/python3", "-m", "hvconform.guest", "counter", "--device", device,
                 "--state-file", f"/state/{handle}.json", "--interval", "0.05"]  # fmt: skip
         proc = subprocess.Popen(self._exec(allocation, argv), stdout=subprocess.DEVNULL)
         self.ledger.record_process(proc.pid, f"crictl exec of {handle}")

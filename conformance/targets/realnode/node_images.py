@@ -1,6 +1,6 @@
 """The plugin and guest images into every node's containerd, with no registry.
 
-`python -m conformance.targets.realnode.node_images`: the images of `nox -s image` (built, or
+`python -m hvconform.targets.realnode.node_images`: the images of `nox -s image` (built, or
 found by their content key, in the private Docker engine) are saved as archives and imported into
 the k8s.io namespace of each running cluster-mode node (`ctr images import`), so pods that name
 them with `imagePullPolicy: Never` or `IfNotPresent` start without any pull. Prints the tags
@@ -18,15 +18,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from conformance.contract.plugin import ProfileError, resolve
-from conformance.targets.realnode import RUN
-from conformance.targets.realnode.nodes import ADMIN_KUBECONFIG, NodeLayout, recorded_nodes
-from plugin.api.names import default_guest_image, default_plugin_image
+from hv_device_plugin.api.names import default_guest_image, default_plugin_image
+from hvconform.contract.plugin import ProfileError, resolve
+from hvconform.targets.realnode import RUN
+from hvconform.targets.realnode.nodes import ADMIN_KUBECONFIG, NodeLayout, recorded_nodes
 
 
 def save(tags: list[str], work: Path) -> list[Path]:
     """Each tag as a `docker save` archive under work (streamed, never held in memory)."""
-    from conformance.targets.container.engine import DockerEngine
+    from hvconform.targets.container.engine import DockerEngine
 
     work.mkdir(parents=True, exist_ok=True)
     archives = []
@@ -54,8 +54,8 @@ def import_into(node: NodeLayout, archive: Path) -> None:
 
 def build_images(base_image: str = "") -> dict[str, str]:
     """The plugin and guest tags of `nox -s image` (built only when their inputs changed)."""
-    from conformance.targets.container.engine import DockerEngine
-    from conformance.targets.container.images import ensure_images
+    from hvconform.targets.container.engine import DockerEngine
+    from hvconform.targets.container.images import ensure_images
 
     with DockerEngine(what="node-images") as engine:
         client = engine.client(timeout=1800)
@@ -93,7 +93,7 @@ def load(tags: list[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance.targets.realnode.node_images")
+    parser = argparse.ArgumentParser(prog="python -m hvconform.targets.realnode.node_images")
     parser.add_argument("--base-image", default="", help="as `nox -s image --base-image`")
     parser.add_argument("--json", type=Path, help="write the plugin and guest tags here")
     parser.add_argument(

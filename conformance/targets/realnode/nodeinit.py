@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.nodeinit import HOLD_FILE
+from hvconform.contract.nodeinit import HOLD_FILE
 
 RESTART_DELAY_S = 0.5
 STOP_TIMEOUT_S = 20.0

@@ -22,8 +22,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.contract.nodeinit import CRICTL, SELF
-from conformance.targets.realnode import (
+from hv_device_plugin.api.names import HYPERVISOR_RESOURCE
+from hv_device_plugin.api.wire import CDI_DYNAMIC_DIR
+from hvconform.contract.nodeinit import CRICTL, SELF
+from hvconform.targets.realnode import (
     API_PORT,
     BIN,
     CNI_PLUGINS,
@@ -35,7 +37,7 @@ from conformance.targets.realnode import (
     procs,
     runtimes,
 )
-from conformance.targets.realnode.configs import (
+from hvconform.targets.realnode.configs import (
     KUBELET_HEALTHZ,
     KUBELET_PORT,
     PKI,
@@ -44,13 +46,11 @@ from conformance.targets.realnode.configs import (
     containerd_config_v3,
     kubelet_config,
 )
-from conformance.targets.realnode.hostclean import CGROUP_V1
-from conformance.targets.realnode.image import import_image
-from conformance.targets.realnode.kubeapi import Api, ApiError
-from conformance.targets.realnode.pki import _sign, kubeconfig
-from conformance.targets.realnode.runtimes import NodeRuntime
-from plugin.api.names import HYPERVISOR_RESOURCE
-from plugin.api.wire import CDI_DYNAMIC_DIR
+from hvconform.targets.realnode.hostclean import CGROUP_V1
+from hvconform.targets.realnode.image import import_image
+from hvconform.targets.realnode.kubeapi import Api, ApiError
+from hvconform.targets.realnode.pki import _sign, kubeconfig
+from hvconform.targets.realnode.runtimes import NodeRuntime
 
 NODES_RUN = RUN / "nodes"
 NODES_STATE = STATE / "nodes"
@@ -295,7 +295,7 @@ def start_service_relay() -> procs.Proc:
     in-cluster, with no service proxy on this machine."""
     _address(SERVICE_IP)
     return procs.start(SERVICE_RELAY, [
-        sys.executable, "-m", "conformance.targets.realnode.api_relay",
+        sys.executable, "-m", "hvconform.targets.realnode.api_relay",
         "--listen", f"{SERVICE_IP}:443", "--api-port", str(API_PORT)])  # fmt: skip
 
 
@@ -318,7 +318,7 @@ def start_node(node: NodeLayout, rt: NodeRuntime | None = None) -> procs.Proc:
     outer = procs.start(
         f"node-{node.name}",
         ["unshare", "--pid", "--mount", "--mount-proc", "--fork", "--propagation", "slave",
-         "--kill-child=SIGTERM", sys.executable, "-m", "conformance.targets.realnode.nodeinit",
+         "--kill-child=SIGTERM", sys.executable, "-m", "hvconform.targets.realnode.nodeinit",
          str(spec)],
         env=rt.env(),
     )  # fmt: skip

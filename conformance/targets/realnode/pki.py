@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.targets.realnode import API_PORT, NODE_NAME, SERVICE_IP
+from hvconform.targets.realnode import API_PORT, NODE_NAME, SERVICE_IP
 
 DAYS = "30"
 

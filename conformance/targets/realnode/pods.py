@@ -1,6 +1,6 @@
 """Pods on the real node (CAP_PODS): real Pods through the API server, admitted by the kubelet.
 
-A check's pod runs the counting guest as its own container command (`conformance.guest
+A check's pod runs the counting guest as its own container command (`hvconform.guest
 counter`), so it counts on through kubelet restarts with nobody attached to it; its state file
 is /state/<pod UID>.json (the UID from the downward API). A pod with an owner is a ReplicaSet's:
 the real kube-controller-manager runs it again when it fails (after a reboot). Observed: the
@@ -18,13 +18,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from conformance.contract.node import PodResources, PodView
-from conformance.contract.wait import wait_for
-from conformance.targets.realnode import NODE_NAME, stack
-from conformance.targets.realnode.configs import NAMESPACE, workload_pod
-from conformance.targets.realnode.kubeapi import Api, ApiError
-from conformance.targets.realnode.kubeapi import PodResources as PodResourcesApi
-from plugin.api.wire import HEALTHY  # the pod status's word too (core/v1 ResourceHealth)
+from hv_device_plugin.api.wire import HEALTHY  # the pod status's word too (core/v1 ResourceHealth)
+from hvconform.contract.node import PodResources, PodView
+from hvconform.contract.wait import wait_for
+from hvconform.targets.realnode import NODE_NAME, stack
+from hvconform.targets.realnode.configs import NAMESPACE, workload_pod
+from hvconform.targets.realnode.kubeapi import Api, ApiError
+from hvconform.targets.realnode.kubeapi import PodResources as PodResourcesApi
 
 POD_TIMEOUT_S = 60.0
 CHECK_LABEL = "hv-check-pod"  # the pods (and ReplicaSets) of CAP_PODS, removed between checks
@@ -114,7 +114,7 @@ class RealPods:
     # -- CAP_PODS -------------------------------------------------------------------------
 
     def _workload_spec(self, name: str, owner: str) -> dict[str, Any]:
-        command = ["/usr/bin/python3", "-m", "conformance.guest", "counter",
+        command = ["/usr/bin/python3", "-m", "hvconform.guest", "counter",
                    "--device", self._workload_device, "--state-file", "/state/$(POD_UID).json",
                    "--interval", "0.05"]  # fmt: skip
         pod = self._placed(workload_pod(name, self.resource, command, self.workloads))

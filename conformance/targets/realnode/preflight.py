@@ -15,8 +15,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from conformance.contract import hostfacts, runcontext
-from conformance.contract.preconditions import (
+from hvconform.contract import hostfacts, runcontext
+from hvconform.contract.preconditions import (
     Found,
     Requirement,
     ask,
@@ -24,8 +24,8 @@ from conformance.contract.preconditions import (
     version_of,
     version_tuple,
 )
-from conformance.targets.local.preflight import local_requirements
-from conformance.targets.realnode import (
+from hvconform.targets.local.preflight import local_requirements
+from hvconform.targets.realnode import (
     API_PORT,
     BIN,
     CRICTL_VERSION,
@@ -37,8 +37,8 @@ from conformance.targets.realnode import (
     procs,
     runtimes,
 )
-from conformance.targets.realnode.configs import KUBELET_HEALTHZ, KUBELET_PORT, kubelet_config
-from conformance.targets.realnode.runtimes import NodeRuntime
+from hvconform.targets.realnode.configs import KUBELET_HEALTHZ, KUBELET_PORT, kubelet_config
+from hvconform.targets.realnode.runtimes import NodeRuntime
 
 CONTAINERD_MINIMUM = "1.7"
 BUILD_FIX = "nox -s node-build"

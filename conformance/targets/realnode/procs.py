@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.targets.realnode import CACHE, RUN
+from hvconform.targets.realnode import CACHE, RUN
 
 PIDS = RUN / "pids"
 LOGS = CACHE / "logs" / "node"  # outside RUN: kept after node-down for the report

@@ -34,15 +34,15 @@ import subprocess
 import time
 from pathlib import Path, PurePosixPath
 
-from conformance.contract.node import Area, NodeEvent
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.wait import WaitExpired, wait_for
-from conformance.targets.local.pods import null_node, real_kvm_numbers
-from conformance.targets.local.sandbox import PluginSandbox
-from conformance.targets.realnode import PLUGIN_DIR, procs, stack
-from conformance.targets.realnode.events import NodeEventLog
-from conformance.targets.realnode.kubeapi import Api
-from plugin.api.wire import KUBELET_SOCKET
+from hv_device_plugin.api.wire import KUBELET_SOCKET
+from hvconform.contract.node import Area, NodeEvent
+from hvconform.contract.plugin import PluginUnderTest
+from hvconform.contract.wait import WaitExpired, wait_for
+from hvconform.targets.local.pods import null_node, real_kvm_numbers
+from hvconform.targets.local.sandbox import PluginSandbox
+from hvconform.targets.realnode import PLUGIN_DIR, procs, stack
+from hvconform.targets.realnode.events import NodeEventLog
+from hvconform.targets.realnode.kubeapi import Api
 
 DEVICE = "/dev/kvm"
 CHECKPOINT = PLUGIN_DIR / "kubelet_internal_checkpoint"  # v1.37.2 types.go

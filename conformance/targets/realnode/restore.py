@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.targets.local.baseline import BaselineRestore
-from conformance.targets.realnode import procs, stack
+from hvconform.targets.local.baseline import BaselineRestore
+from hvconform.targets.realnode import procs, stack
 
 
 class RealRestore(BaselineRestore):

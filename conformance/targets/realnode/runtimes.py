@@ -20,7 +20,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.targets.realnode import CONTAINERD2_BIN, CONTAINERD2_VERSION, RUNC_VERSION
+from hvconform.targets.realnode import CONTAINERD2_BIN, CONTAINERD2_VERSION, RUNC_VERSION
 
 
 @dataclass(frozen=True)

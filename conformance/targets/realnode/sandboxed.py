@@ -18,22 +18,22 @@ import subprocess
 import sys
 from pathlib import Path, PurePosixPath
 
-from conformance.contract.ledger import mounts_at
-from conformance.contract.node import CAP_LIVENESS, CAP_READINESS
-from conformance.contract.plugin import PluginUnderTest
-from conformance.contract.ran import PluginRan
-from conformance.contract.wait import wait_for
-from conformance.targets.local import binds as binds_mod
-from conformance.targets.local.faults import LocalFaults
-from conformance.targets.local.hostfiles import mount, umount
-from conformance.targets.local.launcher import LAUNCHER
-from conformance.targets.local.netns import free_index
-from conformance.targets.local.observe import Observer
-from conformance.targets.local.plugin_view import SandboxedPluginView
-from conformance.targets.local.sandbox import PluginSandbox
-from conformance.targets.realnode import CDI_DIR, HOST_DEV, NODE_NAME, PLUGIN_DIR, RUN, procs
-from conformance.targets.realnode.freshness import FreshStatus
-from plugin.api.wire import KUBELET_SOCKET
+from hv_device_plugin.api.wire import KUBELET_SOCKET
+from hvconform.contract.ledger import mounts_at
+from hvconform.contract.node import CAP_LIVENESS, CAP_READINESS
+from hvconform.contract.plugin import PluginUnderTest
+from hvconform.contract.ran import PluginRan
+from hvconform.contract.wait import wait_for
+from hvconform.targets.local import binds as binds_mod
+from hvconform.targets.local.faults import LocalFaults
+from hvconform.targets.local.hostfiles import mount, umount
+from hvconform.targets.local.launcher import LAUNCHER
+from hvconform.targets.local.netns import free_index
+from hvconform.targets.local.observe import Observer
+from hvconform.targets.local.plugin_view import SandboxedPluginView
+from hvconform.targets.local.sandbox import PluginSandbox
+from hvconform.targets.realnode import CDI_DIR, HOST_DEV, NODE_NAME, PLUGIN_DIR, RUN, procs
+from hvconform.targets.realnode.freshness import FreshStatus
 
 HEALTH_PORT = 8080  # inside the plugin's own network namespace: no port of this host is taken
 # Network-namespace indexes of the real node's sandbox (the local target uses 1..63, the

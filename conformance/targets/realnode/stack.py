@@ -26,8 +26,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conformance.contract.runtime_facts import RuntimeFacts, from_crictl
-from conformance.targets.realnode import (
+from hvconform.contract.runtime_facts import RuntimeFacts, from_crictl
+from hvconform.targets.realnode import (
     API_PORT,
     BIN,
     CDI_DIR,
@@ -45,17 +45,17 @@ from conformance.targets.realnode import (
     procs,
     runtimes,
 )
-from conformance.targets.realnode.configs import (
+from hvconform.targets.realnode.configs import (
     KUBELET_HEALTHZ,
     PKI,
     containerd_config,
     containerd_config_v3,
     kubelet_config,
 )
-from conformance.targets.realnode.image import import_image
-from conformance.targets.realnode.kubeapi import Api, ApiError
-from conformance.targets.realnode.pki import kubeconfig, make_pki
-from conformance.targets.realnode.runtimes import NodeRuntime
+from hvconform.targets.realnode.image import import_image
+from hvconform.targets.realnode.kubeapi import Api, ApiError
+from hvconform.targets.realnode.pki import kubeconfig, make_pki
+from hvconform.targets.realnode.runtimes import NodeRuntime
 
 # node-up --plugin only: the node target's plugin has a network namespace of its own
 PLUGIN_HEALTH = "127.0.0.1:18080"
@@ -390,8 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     if args.action == "up":
         if args.plugin is not None:  # the profile needs the conformance extras; node-up does not
-            from conformance.contract.plugin import SHIPPED, ProfileError, load_profile
-            from conformance.targets.realnode.sandboxed import start_in_host_network
+            from hvconform.contract.plugin import SHIPPED, ProfileError, load_profile
+            from hvconform.targets.realnode.sandboxed import start_in_host_network
 
             try:
                 plugin = load_profile(args.plugin or SHIPPED)
