@@ -99,6 +99,15 @@ def fresh_checkout(dest: Path, repo: Path = REPO) -> Checkout:
         check=True,
     ).stdout.strip()
     deps = sysconfig.get_paths()["purelib"]  # this session's packages: pytest, grpc, jinja2...
+    # The clone on the path for its tests/ (the suite's mutants and fixtures), this session's
+    # dependencies, and the clone's own packages as a checkout gets them: an editable install,
+    # the only way the folders import under their names (no index: the build backend and the
+    # dependencies are this session's).
     Path(site, "hv-checkout.pth").write_text(f"{dest}\n{deps}\n")
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet"]
+    subprocess.run(
+        [*pip, "--no-deps", "--no-build-isolation", "--no-index", "-e", str(dest)],
+        check=True, capture_output=True, timeout=300, cwd=dest,
+    )  # fmt: skip
     commit = head_commit(dest)
     return Checkout(dest, python, commit, time.monotonic() - t0)
