@@ -244,7 +244,13 @@ def suite_image(session: nox.Session) -> None:
     session.run("python", "-m", "hvconform.targets.kindnode.suite_image", "--helm", helm,
                 *session.posargs)  # fmt: skip
     env = {"HV_SUITE_IMAGE_LIVE": "1", "HV_HELM": helm}
-    _pytest(session, "tests/container/test_suite_image.py", env=env)
+    session.run("python", "-m", "hvconform.targets.realnode.build")  # the node: cached when built
+    _pytest(
+        session,
+        "tests/container/test_suite_image.py",
+        "tests/realnode/test_suite_image_cluster_live.py",  # the image judges a real cluster
+        env=env,
+    )
 
 
 @nox.session(python=PYTHON, name="cluster-safety-live")
@@ -302,18 +308,23 @@ def node_containerd2(session: nox.Session) -> None:
 def kind_live(session: nox.Session) -> None:
     """The live kind tests (tests/kindnode/test_kind_live.py, test_kind_dra_live.py): the kind
     image first (kind-image, cached), then real kind clusters with failures injected at their
-    lifecycle steps, and the chart's mode: dra on one. Apart from `tests` because the image
+    lifecycle steps, and the chart's mode: dra on one; the reusable workflow's steps for go-kvm as
+    another repository (hvconform-kind.sh all). Apart from `tests` because the image
     takes most of an hour to build on a fresh machine."""
     session.install("-e", ".[dev]")
     components = ("kubelet", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
                   "crictl", "pause", "cni")  # fmt: skip
     session.run("python", "-m", "hvconform.targets.realnode.build", *components)
     session.run("python", "-m", "hvconform.targets.kindnode.image")
+    # issue 38: the same node on containerd 2.x (its containerd and runc built from their modules)
+    session.run("python", "-m", "hvconform.targets.kindnode.image", "--runtime", "containerd-2.3")
     _helm(session)  # the plugin's objects are its profile's chart, rendered (a fresh venv: none)
     live = (
         "tests/kindnode/test_kind_live.py",
         "tests/kindnode/test_kind_dra_live.py",
         "tests/kindnode/test_kind_verdicts_live.py",  # issue 35 on KIND
+        "tests/kindnode/test_plugin_workflow_live.py",  # issue 36: the reusable workflow's steps
+        "tests/kindnode/test_kind_containerd2_live.py",  # issue 38: the catalogue on containerd 2.x
     )
     _pytest(session, *live, *session.posargs, env={"HV_KIND_LIVE": "1"})
 

@@ -116,6 +116,43 @@ def cdi_off(facts: RuntimeFacts, seen: str) -> str:
     )
 
 
+def _same_dir(a: str, b: str) -> bool:
+    """Two spellings of one directory: trailing slashes, and /var/run, which is /run on every
+    distribution that ships a CRI runtime (a symlink the node's own paths go through)."""
+
+    def norm(path: str) -> str:
+        path = path.rstrip("/") or "/"
+        return "/run" + path[len("/var/run") :] if path.startswith("/var/run") else path
+
+    return norm(a) == norm(b)
+
+
+def cdi_unread(facts: RuntimeFacts, spec_dir: str, seen: str) -> str:
+    """The runtime, not the plugin, cannot resolve the devices the plugin's allocations name:
+    its CDI is on, but the spec dirs it reports do not include the one the plugin writes its
+    spec to (`spec_dir`, as the node sees it), so every name the plugin answers is unknown to
+    it (containerd 2.2 and later refuse the container; 2.0 dropped the device). The plugin's
+    spec is where its configuration says; the two disagree by deployment, and the fix is on
+    either side. '' when the runtime reads that dir, or does not say which it reads."""
+    if facts.cdi_enabled is not True or not facts.cdi_spec_dirs or not spec_dir:
+        return ""
+    if any(_same_dir(d, spec_dir) for d in facts.cdi_spec_dirs):
+        return ""
+    return (
+        f"the container runtime cannot resolve the plugin's CDI devices: {facts.name} "
+        f"{facts.version} reads CDI specs from {', '.join(facts.cdi_spec_dirs)} "
+        f"({facts.source}), the plugin writes its spec to {spec_dir}, and {seen}; fix: add "
+        f"{spec_dir} to the runtime's cdi_spec_dirs (containerd: beside enable_cdi) and restart "
+        "it, or deploy the plugin with its CDI dir one of those"
+    )
+
+
+def runtime_side(facts: RuntimeFacts, spec_dir: str, seen: str) -> str:
+    """Why the runtime, not the plugin, keeps CDI devices from workloads (CDI off, or the
+    plugin's spec dir unread), or ''."""
+    return cdi_off(facts, seen) or cdi_unread(facts, spec_dir, seen)
+
+
 def from_output(output: str, source: str) -> RuntimeFacts:
     """The facts from CRICTL_FACTS's output (the two JSON documents around SEPARATOR)."""
     version, sep, info = output.partition(SEPARATOR)

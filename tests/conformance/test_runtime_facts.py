@@ -16,8 +16,10 @@ from hvconform.contract.runtime_facts import (
     SEPARATOR,
     RuntimeFactsError,
     cdi_off,
+    cdi_unread,
     from_crictl,
     from_output,
+    runtime_side,
 )
 from hvconform.report.env_facts import rows
 
@@ -60,6 +62,36 @@ def test_cdi_off_blames_the_runtime_with_the_fix_and_cdi_on_blames_nobody() -> N
     line = cdi_off(from_crictl(VERSION, json.dumps(info), "crictl"), "the pod never ran")
     assert line.startswith("the container runtime keeps CDI devices from workloads: containerd")
     assert "the pod never ran" in line and "enable_cdi = true" in line
+
+
+@pytest.mark.parametrize("recorded", ["containerd-1.7.24", "containerd-2.3.7"])
+def test_a_spec_dir_the_runtime_does_not_read_blames_the_runtime_saying_both_dirs(
+    recorded: str,
+) -> None:
+    """Which side: the plugin wrote its spec where its deployment says; the runtime (CDI on)
+    reads other dirs, so it cannot resolve the names the allocations carry."""
+    version = (RECORDED / f"{recorded}-version.txt").read_text()
+    info = (RECORDED / f"{recorded}-info.json").read_text()
+    facts = from_crictl(version, info, "crictl on node n1")  # reads /run/hv-node/cdi
+    for same in ("/run/hv-node/cdi", "/run/hv-node/cdi/", "/var/run/hv-node/cdi"):
+        assert cdi_unread(facts, same, "x") == "" == runtime_side(facts, same, "x"), same
+    line = runtime_side(facts, "/var/run/cdi", "the allocation names example.org/kvm=kvm0")
+    assert line == cdi_unread(facts, "/var/run/cdi", "the allocation names example.org/kvm=kvm0")
+    assert line.startswith("the container runtime cannot resolve the plugin's CDI devices: ")
+    assert "reads CDI specs from /run/hv-node/cdi (crictl on node n1)" in line
+    assert "the plugin writes its spec to /var/run/cdi" in line
+    assert "example.org/kvm=kvm0" in line and "fix: add /var/run/cdi" in line
+
+
+def test_cdi_off_comes_first_and_an_unknown_dir_list_blames_nobody() -> None:
+    info = json.loads(INFO)
+    info["config"]["enableCDI"] = False
+    off = from_crictl(VERSION, json.dumps(info), "crictl")
+    assert runtime_side(off, "/elsewhere", "x") == cdi_off(off, "x") != ""
+    del info["config"]["cdiSpecDirs"]
+    info["config"]["enableCDI"] = True
+    unknown = from_crictl(VERSION, json.dumps(info), "crictl")
+    assert unknown.cdi_spec_dirs == () and runtime_side(unknown, "/elsewhere", "x") == ""
 
 
 def test_a_daemon_that_does_not_say_is_unknown_not_off() -> None:

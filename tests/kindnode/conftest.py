@@ -48,3 +48,16 @@ def engine() -> Iterator[dict[str, Any]]:
         assert not any(left.values()), f"the live kind tests left {left}"
     finally:
         eng.release()
+
+
+@pytest.fixture(scope="module")
+def go_kvm(engine: dict[str, Any]) -> str:
+    """go-kvm's image (built offline from its binary) copied into the kind engine."""
+    from tests.container.fixture_image import ensure_in_engine
+    from tests.fixture_plugins import build_go_kvm
+
+    build_go_kvm()
+    with DockerEngine(what="tests/kindnode go-kvm") as suite_engine:
+        tag = ensure_in_engine(suite_engine).tag
+        copy_image(tag, suite_engine, engine["engine"])
+    return tag

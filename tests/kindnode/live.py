@@ -6,11 +6,15 @@ and the check that a torn-down cluster left nothing. The engine fixture they tak
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hvconform.contract.results import validate_results
 from hvconform.targets import cluster_options
 from hvconform.targets.cluster import kindbin
 from hvconform.targets.cluster.access import CommandRunner
@@ -77,3 +81,30 @@ def assert_nothing_left(lifecycle: KindLifecycle, env: dict[str, Any], before: A
     assert now["containers"] == env["before"]["containers"]
     assert now["volumes"] == env["before"]["volumes"]
     assert kvm() == before, "/dev/kvm metadata changed"
+
+
+def run_kind(engine: dict[str, Any], out: Path, *extra: str) -> dict[str, Any]:
+    """`hvconform run --target kind` on a cluster of its own (made and deleted by the run) in the
+    engine fixture's engine, on the offline node image (or --node-image in extra, last wins);
+    results.json validated, cleanup verified, /dev/kvm unchanged."""
+    before = kvm()
+    argv = [
+        sys.executable, "-m", "hvconform.cli", "run", "--target", "kind",
+        "--cluster-name", f"hvt-{os.getpid()}-{next(serial)}", "--node-image", NODE_IMAGE,
+        "--guest-image", engine["tags"]["guest"], "--out", str(out), *extra,
+    ]  # fmt: skip
+    env = dict(kindbin.kind_env() or os.environ, DOCKER_HOST=engine["host"])
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=2200, env=env, cwd=ROOT)
+    results = out / "results.json"
+    assert results.exists(), proc.stdout[-3000:] + proc.stderr[-2000:]
+    data: dict[str, Any] = json.loads(results.read_text())
+    validate_results(data)
+    data["_output"] = proc.stdout[-4000:]
+    report = json.loads((out / "cluster-kind.json").read_text())
+    assert report["cleanup_ok"], report["verification"]
+    assert kvm() == before, "/dev/kvm metadata changed"
+    return data
+
+
+def statuses(data: dict[str, Any]) -> dict[str, str]:
+    return {c["id"]: c["status"] for c in data["checks"]}

@@ -136,3 +136,20 @@ def test_cluster_config_handles_cgroup_v1_and_keeps_the_plugin_needs() -> None:
     # the image's own containerd config has CDI on for the same directories (any cluster config)
     toml = (ROOT / "kind" / "node" / "containerd.toml").read_text()
     assert 'cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]' in toml and "enable_cdi = true" in toml
+
+
+def test_each_node_runtime_has_its_own_image_tag_and_containerd_config() -> None:
+    from hvconform.targets.kindnode import NODE_IMAGE, NODE_RUNTIMES, RECIPE, node_image
+    from hvconform.targets.realnode import CONTAINERD2_VERSION
+
+    assert node_image() == node_image("containerd-1.7") == NODE_IMAGE
+    assert node_image("containerd-2.3") == f"{NODE_IMAGE}-containerd-{CONTAINERD2_VERSION}"
+    assert len({node_image(r) for r in NODE_RUNTIMES}) == len(NODE_RUNTIMES)
+    with pytest.raises(ValueError, match=r"containerd-1\.7, containerd-2\.3"):
+        node_image("cri-o")
+    # each image's containerd reads its own config version, CDI on in the form it reads
+    v2, v3 = (RECIPE / "containerd.toml").read_text(), (RECIPE / "containerd2.toml").read_text()
+    assert "version = 2" in v2 and 'plugins."io.containerd.grpc.v1.cri"' in v2
+    assert "version = 3" in v3 and "plugins.'io.containerd.cri.v1.runtime'" in v3
+    assert "enable_cdi = true" in v2 and "enable_cdi = true" in v3
+    assert set(rootfs.RUNTIME_PROGRAMS) == {"containerd", "containerd-shim-runc-v2", "runc"}

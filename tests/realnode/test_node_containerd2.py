@@ -7,7 +7,9 @@ repository's plugin and the go-kvm fixture get the verdicts they get on Debian's
 node target can make passes. The runtime is named as its daemon says it (crictl), CDI on. A
 containerd 2.x with CDI disabled (`containerd-2.3-cdi-off`, the stand-in for containerd 2.0's
 silent drop of CDI requests) is reported as the runtime's failure, with the fix: every check
-environment_blocked (exit 6), none failed. A cluster-mode node (`node-up --nodes 1
+environment_blocked (exit 6), none failed; so is one that reads its CDI specs from a dir the
+plugin does not write to (`containerd-2.3-cdi-elsewhere`: a spec the runtime cannot resolve),
+each saying which side failed and why. A cluster-mode node (`node-up --nodes 1
 --node-runtime containerd-2.3`) runs the cluster target's guest and CDI checks there too.
 
 Runs in `nox -s node-containerd2` (it builds containerd 2.x and runc first: apart from `tests`
@@ -26,7 +28,7 @@ import pytest
 
 from hvconform.contract.plugin import SHIPPED
 from hvconform.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
-from hvconform.targets.realnode import CONTAINERD2_VERSION, NODE_NAME, REPO
+from hvconform.targets.realnode import CDI_DIR, CONTAINERD2_VERSION, NODE_NAME, REPO
 from hvconform.targets.realnode.runtimes import RUNTIMES
 from tests.fixture_plugins import build_go_kvm
 from tests.realnode.live_runs import (
@@ -81,6 +83,22 @@ def test_a_runtime_with_cdi_off_is_blamed_never_the_plugin(tmp_path: Path) -> No
     (reason,) = {c["reason"] for c in data["checks"]}
     assert reason.startswith("the container runtime keeps CDI devices from workloads: containerd")
     assert "reports CDI off" in reason and "fix: enable CDI in the runtime" in reason
+
+
+def test_a_runtime_that_cannot_resolve_the_spec_is_blamed_never_the_plugin(tmp_path: Path) -> None:
+    """Which side failed: the plugin writes its spec to the node's CDI dir; the runtime (CDI on)
+    reads another, so it cannot resolve what the allocation names. The runtime's side."""
+    runtime = "containerd-2.3-cdi-elsewhere"
+    data = run_node(tmp_path, SHIPPED, "--node-runtime", runtime, "-m", "guest")
+    got = statuses(data)
+    assert set(got.values()) == {"environment_blocked"}, data["_output"]
+    assert data["run"]["exit_code"] == EXIT_ENVIRONMENT_BLOCKED
+    (reason,) = {c["reason"] for c in data["checks"]}
+    assert reason.startswith("the container runtime cannot resolve the plugin's CDI devices: ")
+    assert f"reads CDI specs from {CDI_DIR}-unread" in reason, reason
+    assert f"the plugin writes its spec to {CDI_DIR}" in reason and "fix: add" in reason
+    (facts,) = data["environment"]["container_runtime"]
+    assert facts["cdi_enabled"] is True and facts["cdi_spec_dirs"] == [f"{CDI_DIR}-unread"]
 
 
 def _cluster_run(made: dict[str, str], out: Path, marks: str) -> subprocess.CompletedProcess[str]:

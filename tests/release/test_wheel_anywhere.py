@@ -65,6 +65,7 @@ print(json.dumps({
     "data": [str(chart_dir()), str(SHIPPED), str(SHIPPED_DRA), ClusterOptions().kind_config],
     "charts": sorted({p.deploy.chart.path for p in shipped_profiles() if p.deploy and p.deploy.chart}),
     "top": sorted({f.parts[0] for f in dist.files or () if f.parts[0] != ".."}),
+    "profiles_twice": [str(f) for f in dist.files or () if f.parts[:2] == ("hvconform", "profiles")],
     "requires_python": dist.metadata["Requires-Python"],
     "version": list(sys.version_info[:2]),
 }))
@@ -153,6 +154,7 @@ def test_wheel_runs_from_anywhere(version: str, wheel: Path, tmp_path: Path) -> 
     # metadata; no charts/ or kind/, and no generic `plugin` or `conformance` (issue 36).
     assert found["top"] == ["hv_device_plugin", "hv_device_plugin-0.1.0.dist-info", "hvconform"]
     assert found["folder_names"] == []
+    assert found["profiles_twice"] == []  # the shipped profiles travel once, in hvconform/_data
     assert not (site / "plugin").exists() and not (site / "conformance").exists()
     for path in [*found["modules"], *found["data"], *found["charts"]]:
         assert Path(path).is_relative_to(site / "hvconform") or Path(path).is_relative_to(

@@ -36,7 +36,7 @@ from hvconform.contract.node import (
 )
 from hvconform.contract.plugin import PluginUnderTest
 from hvconform.contract.results import EnvironmentBlocked
-from hvconform.contract.runtime_facts import cdi_off
+from hvconform.contract.runtime_facts import runtime_side
 from hvconform.contract.wait import wait_for
 from hvconform.targets.cluster.access import (
     CDI_DIR,
@@ -194,16 +194,17 @@ class ClusterNode(
                 self.session_guest = self.start_long_guest(allocation)
 
     def _runtime_keeps_cdi(self) -> None:
-        """A plugin that writes a CDI spec needs a runtime with CDI on: off, the runtime drops
-        (containerd 2.0) or refuses (2.2 and later) every device the plugin's allocations
-        name, and that is the runtime's failure, never the plugin's (issue 38). A runtime
-        that cannot be asked (no crictl on the node) is not judged."""
+        """A plugin that writes a CDI spec needs a runtime with CDI on that reads the dir the
+        spec is in: otherwise the runtime drops (containerd 2.0) or refuses (2.2 and later)
+        every device the plugin's allocations name, and that is the runtime's failure, never
+        the plugin's (issue 38). A runtime that cannot be asked (no crictl on the node) is
+        not judged."""
         try:
             facts = self.container_runtime()
         except Exception:  # reported in the environment (suite/identity) with its error
             return
         seen = f"the plugin writes CDI spec {self.spec_name}, whose devices it would not inject"
-        if blamed := cdi_off(facts, seen):
+        if blamed := runtime_side(facts, self.files.dirs["cdi"], seen):
             raise EnvironmentBlocked(blamed)
 
     def _discover_spec(self) -> str | None:

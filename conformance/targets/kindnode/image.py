@@ -30,16 +30,19 @@ from hvconform.targets.kindnode import (
     CACHE,
     CONTAINERD_DEB,
     KEY_LABEL,
-    NODE_IMAGE,
+    NODE_RUNTIMES,
     RECIPE,
     ROOTFS_PACKAGES,
+    node_image,
     oci,
     rootfs,
 )
 from hvconform.targets.kindnode import build as kbuild
 from hvconform.targets.kindnode.engine import kind_engine
 from hvconform.targets.realnode import KUBERNETES_VERSION
+from hvconform.targets.realnode import build as node_build
 from hvconform.targets.realnode.image import layer as pause_layer
+from hvconform.targets.realnode.runtimes import runtime as node_runtime
 
 # kubeadm's image name (without registry and tag) -> (binary, where it goes, entrypoint)
 BINARY_IMAGES = {
@@ -89,12 +92,13 @@ def image_plan(names: list[str], bins: dict[str, kbuild.Built], base: Path) -> l
     return images
 
 
-def node_key(rootfs_key: str, bins: dict[str, kbuild.Built]) -> str:
+def node_key(rootfs_key: str, bins: dict[str, kbuild.Built], runtime: dict[str, str]) -> str:
     h = hashlib.sha256()
     pins = {
         "rootfs": rootfs_key,
         "containerd": CONTAINERD_DEB,
         "binaries": {n: b.version for n, b in sorted(bins.items())},
+        "runtime": runtime,  # {} for the package's containerd 1.7
     }
     h.update(json.dumps(pins, sort_keys=True).encode())
     for f in sorted(RECIPE.iterdir()):
@@ -115,15 +119,30 @@ def base_tarball() -> tuple[str, Path]:
     return key, tarball
 
 
-def build_image(client: docker.DockerClient, *, force: bool = False) -> tuple[str, bool]:
-    """NODE_IMAGE in the engine of `client`; returns (its key, whether it was reused)."""
+def runtime_programs(runtime: str) -> tuple[Path | None, dict[str, str]]:
+    """The directory of the runtime's containerd, shim and runc (None: the package's 1.7) and
+    their versions, built from their modules as the node target's (cached when built)."""
+    if runtime in ("", NODE_RUNTIMES[0]):
+        return None, {}
+    found = node_runtime(runtime)
+    built = [node_build.build_one(name) for name in node_build.RUNTIME_COMPONENTS]
+    return found.bin_dir, {b.name: b.version for b in built}
+
+
+def build_image(
+    client: docker.DockerClient, *, runtime: str = "", force: bool = False
+) -> tuple[str, bool]:
+    """The node image of `runtime` in the engine of `client`; returns (its key, whether it was
+    reused)."""
     t0 = time.monotonic()
+    tag = node_image(runtime)
     bins = kbuild.build_all(lambda m: log(m))
+    runtime_dir, runtime_pins = runtime_programs(runtime)
     rootfs_key, base = base_tarball()
-    key = node_key(rootfs_key, bins)
+    key = node_key(rootfs_key, bins, runtime_pins)
     try:
-        if not force and client.images.get(NODE_IMAGE).labels.get(KEY_LABEL) == key:
-            log("node image cached", image=NODE_IMAGE, key=key)
+        if not force and client.images.get(tag).labels.get(KEY_LABEL) == key:
+            log("node image cached", image=tag, key=key)
             return key, True
     except docker.errors.ImageNotFound:
         pass
@@ -135,7 +154,8 @@ def build_image(client: docker.DockerClient, *, force: bool = False) -> tuple[st
     node_tar = CACHE / "stage" / f"node-{key}.tar"
     try:
         with rootfs.staging() as root:
-            rootfs.assemble(root, base, deb, {n: b.path for n, b in bins.items()}, pause)
+            paths = {n: b.path for n, b in bins.items()}
+            rootfs.assemble(root, base, deb, paths, pause, runtime_dir)
             oci.write_archive(images, archive)
             loaded = rootfs.preload(root, archive, lambda m: log(m))
             missing = sorted(set(names) - set(loaded))
@@ -143,10 +163,10 @@ def build_image(client: docker.DockerClient, *, force: bool = False) -> tuple[st
                 raise RuntimeError(f"preloaded images missing after import: {missing}")
             log("preloaded", images=loaded)
             rootfs.pack(root, node_tar)
-        repo = NODE_IMAGE.rpartition(":")[0] + "-rootfs"
+        repo = tag.rpartition(":")[0] + "-rootfs"
         client.api.import_image_from_file(str(node_tar), repository=repo, tag=key)
         client.images.build(
-            path=str(RECIPE), dockerfile="Dockerfile", tag=NODE_IMAGE, rm=True,
+            path=str(RECIPE), dockerfile="Dockerfile", tag=tag, rm=True,
             network_mode="none", buildargs={"ROOTFS": f"{repo}:{key}"}, labels={KEY_LABEL: key},
         )  # fmt: skip
         client.images.remove(f"{repo}:{key}", noprune=True)  # the node image keeps its layer
@@ -154,15 +174,14 @@ def build_image(client: docker.DockerClient, *, force: bool = False) -> tuple[st
         archive.unlink(missing_ok=True)
         node_tar.unlink(missing_ok=True)
     _prune(client)
-    log("node image built", image=NODE_IMAGE, key=key, seconds=round(time.monotonic() - t0, 1))
+    log("node image built", image=tag, key=key, seconds=round(time.monotonic() - t0, 1))
     return key, False
 
 
 def _prune(client: docker.DockerClient) -> None:
     """Earlier node images (same label, no tag left) go, unless a container still uses one."""
-    current = client.images.get(NODE_IMAGE).id
     for image in client.images.list(filters={"label": KEY_LABEL}):
-        if image.id and image.id != current and not image.tags:
+        if image.id and not image.tags:
             try:
                 client.images.remove(image.id)
             except docker.errors.APIError as exc:
@@ -172,15 +191,24 @@ def _prune(client: docker.DockerClient) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kind-image", description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="rebuild even with the same key")
+    parser.add_argument(
+        "--runtime",
+        choices=NODE_RUNTIMES,
+        default=NODE_RUNTIMES[0],
+        help="the node's container runtime: trixie's containerd 1.7 (the default image), or "
+        "containerd 2.x and runc built from their modules (`node-build -- containerd2 runc`), "
+        "tagged with containerd's version",
+    )
     args = parser.parse_args(argv)
+    tag = node_image(args.runtime)
     t0 = time.monotonic()
     engine = kind_engine("kind-image")
     engine.acquire()
     try:
         client = engine.client(timeout=1800)
         try:
-            key, cached = build_image(client, force=args.force)
-            image = client.images.get(NODE_IMAGE)
+            key, cached = build_image(client, runtime=args.runtime, force=args.force)
+            image = client.images.get(tag)
         finally:
             client.close()
     except (RuntimeError, subprocess.CalledProcessError, docker.errors.DockerException) as exc:
@@ -190,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         engine.release()
     size = image.attrs.get("Size", 0) / 1e6
     state = "reused" if cached else "built"
-    print(f"kind-image: {NODE_IMAGE} ({state}, key {key}, {size:.0f} MB) in "
+    print(f"kind-image: {tag} ({state}, key {key}, {size:.0f} MB) in "
           f"{time.monotonic() - t0:.0f}s; engine {engine.host}")  # fmt: skip
     return 0
 

@@ -29,7 +29,6 @@ LAYOUT = {
     "entrypoint": ("usr/local/bin/entrypoint", 0o755),
     "kubelet.service": ("etc/systemd/system/kubelet.service", 0o644),
     "10-kubeadm.conf": ("etc/systemd/system/kubelet.service.d/10-kubeadm.conf", 0o644),
-    "containerd.toml": ("etc/containerd/config.toml", 0o644),
     "10-hv-ptp.conflist": ("etc/cni/net.d/10-hv-ptp.conflist", 0o644),
     "crictl.yaml": ("etc/crictl.yaml", 0o644),
     "default-cni.yaml": ("kind/manifests/default-cni.yaml", 0o644),
@@ -43,6 +42,14 @@ BINARIES = {
     "crictl": "usr/local/bin/crictl",
 }
 CNI_BIN = "opt/cni/bin"
+CONTAINERD_CONFIG = "etc/containerd/config.toml"
+# containerd 2.x over the package's 1.7 (which still gives the systemd unit and ctr): each program
+# of the runtime's directory and where it goes, and the config version 3 it reads.
+RUNTIME_PROGRAMS = {
+    "containerd": "usr/bin/containerd",
+    "containerd-shim-runc-v2": "usr/bin/containerd-shim-runc-v2",
+    "runc": "usr/sbin/runc",
+}
 # Units a container has no use for (no consoles, no udev, no kernel to tune) and that would
 # otherwise fail or wait at every boot.
 MASKED = ("getty@tty1.service", "serial-getty@.service", "console-getty.service",
@@ -91,8 +98,16 @@ def staging() -> Iterator[Path]:
         shutil.rmtree(root)
 
 
-def assemble(root: Path, base_tar: Path, deb: Path, bins: dict[str, Path], pause: str) -> None:
-    """Unpack the base, install containerd, put the binaries and the recipe in place."""
+def assemble(
+    root: Path,
+    base_tar: Path,
+    deb: Path,
+    bins: dict[str, Path],
+    pause: str,
+    runtime_dir: Path | None = None,
+) -> None:
+    """Unpack the base, install containerd, put the binaries and the recipe in place; with a
+    runtime_dir, its containerd 2.x, shim and runc replace the package's, with their config."""
     subprocess.run(["tar", "--numeric-owner", "-xpf", str(base_tar), "-C", str(root)], check=True)
     # dpkg's maintainer scripts write to /dev/null; the base has an empty /dev (docker fills it)
     null = root / "dev" / "null"
@@ -115,9 +130,16 @@ def assemble(root: Path, base_tar: Path, deb: Path, bins: dict[str, Path], pause
         _put(root / at, bins[name].read_bytes(), 0o755)
     for plugin in ("ptp", "host-local", "loopback"):
         _put(root / CNI_BIN / plugin, (bins["cni"] / plugin).read_bytes(), 0o755)
-    for src, (at, mode) in LAYOUT.items():
+    layout = {
+        **LAYOUT,
+        "containerd2.toml" if runtime_dir else "containerd.toml": (CONTAINERD_CONFIG, 0o644),
+    }
+    for src, (at, mode) in layout.items():
         data = (RECIPE / src).read_bytes().replace(b"@PAUSE_IMAGE@", pause.encode())
         _put(root / at, data, mode)
+    if runtime_dir is not None:
+        for program, at in RUNTIME_PROGRAMS.items():
+            _put(root / at, (runtime_dir / program).read_bytes(), 0o755)
     _put(root / "kind" / "version", f"{KUBERNETES_VERSION}\n".encode(), 0o644)
     _put(root / "etc" / "machine-id", b"", 0o444)  # each node makes its own at boot
     systemd = root / "etc" / "systemd" / "system"

@@ -40,7 +40,7 @@ from hvconform.contract.node import (
 )
 from hvconform.contract.plugin import PluginUnderTest
 from hvconform.contract.results import EnvironmentBlocked
-from hvconform.contract.runtime_facts import RuntimeFacts, cdi_off
+from hvconform.contract.runtime_facts import RuntimeFacts, runtime_side
 from hvconform.contract.wait import WaitExpired, wait_for
 from hvconform.guest.cdi_resolve import resolve
 from hvconform.targets.local.hostfiles import device_metadata, mount, umount
@@ -156,12 +156,15 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
             allocation = wait_for(
                 self._admitted, SETUP_TIMEOUT_S, "an Allocate at node setup", interval=0.5
             )
-        except WaitExpired as exc:  # with the runtime's CDI off: its failure, not the plugin's
-            if blamed := cdi_off(runtime, f"the first workload pod never ran ({exc})"):
+        except WaitExpired as exc:  # the runtime's CDI off or blind: its failure, not the plugin's
+            seen = f"the first workload pod never ran ({exc})"
+            if blamed := runtime_side(runtime, str(CDI_DIR), seen):
                 raise EnvironmentBlocked(blamed) from exc
             raise
         if allocation.cdi_devices and (
-            dropped := cdi_off(runtime, f"the allocation names {allocation.cdi_devices[0]}")
+            dropped := runtime_side(
+                runtime, str(CDI_DIR), f"the allocation names {allocation.cdi_devices[0]}"
+            )
         ):
             raise EnvironmentBlocked(dropped)
         self._workload_device = self._device_in_workload(allocation) or self._workload_device

@@ -201,7 +201,7 @@ def _spec(node: NodeLayout, rt: NodeRuntime) -> Path:
         root=node.state / "containerd",
         state=node.run / "containerd-state",
         socket=node.socket,
-        cdi_dir=NODE_CDI,
+        cdi_dir=rt.cdi_dir(NODE_CDI),
         cni=node.run / "cni",
     )
     containerd_cfg.write_text(

@@ -31,6 +31,14 @@ class NodeRuntime:
     config_version: int  # the containerd config format it is given
     fix: str  # how to get it when it is missing
     cdi: bool = True  # False: a stand-in for a runtime that drops CDI requests
+    # True: a stand-in for a runtime whose CDI spec dirs miss the plugin's (CDI on, the spec
+    # unresolvable): it reads a sibling of the node's CDI dir that nothing writes to
+    cdi_elsewhere: bool = False
+
+    def cdi_dir(self, node_dir: Path) -> Path:
+        """The CDI spec dir this runtime's containerd reads, for a node whose plugin writes to
+        node_dir."""
+        return node_dir.with_name(node_dir.name + "-unread") if self.cdi_elsewhere else node_dir
 
     def binary(self, program: str) -> str:
         """The runtime's own `program`, or PATH's (absolute either way; '' when absent)."""
@@ -74,6 +82,17 @@ RUNTIMES: dict[str, NodeRuntime] = {
         3,
         "nox -s node-build -- containerd2 runc",
         cdi=False,
+    ),
+    # A spec the runtime cannot resolve: CDI on, but not in the dir the plugin writes to (a
+    # deployment whose plugin and runtime disagree on the dir). The runtime's side as well.
+    "containerd-2.3-cdi-elsewhere": NodeRuntime(
+        "containerd-2.3-cdi-elsewhere",
+        "containerd-2.3 reading CDI specs from a dir the plugin does not write to: a stand-in "
+        "for a spec the runtime cannot resolve",
+        CONTAINERD2_BIN,
+        3,
+        "nox -s node-build -- containerd2 runc",
+        cdi_elsewhere=True,
     ),
 }
 DEFAULT = "containerd-1.7"

@@ -48,6 +48,7 @@ from hvconform.targets.realnode import (
 from hvconform.targets.realnode.configs import (
     KUBELET_HEALTHZ,
     PKI,
+    ContainerdPaths,
     containerd_config,
     containerd_config_v3,
     kubelet_config,
@@ -134,7 +135,9 @@ def _start_containerd(rt: NodeRuntime) -> None:
     (RUN / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
     cfg = RUN / "containerd" / "config.toml"
     text = (
-        containerd_config_v3(runc=rt.binary("runc"), cdi=rt.cdi)
+        containerd_config_v3(
+            runc=rt.binary("runc"), cdi=rt.cdi, paths=ContainerdPaths(cdi_dir=rt.cdi_dir(CDI_DIR))
+        )
         if rt.config_version == 3
         else containerd_config()
     )
