@@ -16,7 +16,7 @@ import shutil
 import tomllib
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -29,7 +29,10 @@ def _packages() -> list[str]:
         names = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
     found = []
     for name, folder in names.items():
-        found += [name, *(f"{name}.{sub}" for sub in find_packages(str(ROOT / folder)))]
+        # Namespace packages too: a data directory (report/templates, profiles) is one, and
+        # package-data's patterns match only within packages.
+        subs = find_namespace_packages(str(ROOT / folder), exclude=["*__pycache__*", "_data*"])
+        found += [name, *(f"{name}.{sub}" for sub in subs)]
     return found
 
 
