@@ -441,8 +441,9 @@ def fixture_plugins(session: nox.Session) -> None:
     session.run("python", "-m", "tests.fixture_plugins")
 
 
-# The Pythons requires-python claims beside CI's (3.11, run by `tests`): the built wheel is
-# installed and run outside the checkout on each (tests/release/test_wheel_anywhere.py).
+# The Pythons requires-python claims beside the sessions' 3.11: the built wheel is installed
+# and run outside the checkout on each (tests/release/test_wheel_anywhere.py; `tests` runs all
+# three, this session the ones named, by default these two).
 WHEEL_PYTHONS = ("3.12", "3.13")
 
 
