@@ -41,6 +41,13 @@ class TwoPhase:
         self.validated: Snapshot | None = None
         self.final_current: Snapshot | None = None
         self.final: Verdict | None = None
+        # Why this process cannot check the node's device at all (the node is not on the
+        # machine the suite runs on), as the target found it; "" when it can.
+        self.not_here = ""
+
+    def skip(self, why: str) -> None:
+        """The node's device is not on this machine: no phase runs, and the check says why."""
+        self.not_here = why
 
     def snapshot_original(self) -> Snapshot:
         """Before the node starts. Raises MetadataInputError when the device cannot be lstat'ed."""
@@ -97,6 +104,7 @@ class TwoPhase:
             "check": CHECK_ID,
             "device": self.device,
             "passed": self.passed,
+            "not_here": self.not_here,
             "original": _json(self.original),
             "startup": {
                 "verdict": None if self.startup is None else self.startup.to_json(),

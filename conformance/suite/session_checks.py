@@ -41,16 +41,20 @@ def cleanup_record(out: Path) -> dict[str, Any]:
 
 def metadata_record(out: Path) -> dict[str, Any] | None:
     """Both phases of every node. A verdict that is not accepted fails; a startup phase that
-    never ran (the node never came up) blocks, unless the final phase found the device changed."""
+    never ran (the node never came up) blocks, unless the final phase found the device changed;
+    a node whose device is not on this machine is not judged (not applicable when none is)."""
     summaries = sorted((out / "metadata").glob("*.json"))
     if not summaries:
         return None
     record = CheckRecord(METADATA_ID, "metadata", "Host device metadata, two phases")
     down = identity.never_up(out)
-    failures, unrun = [], []
+    failures, unrun, not_here = [], [], []
     for path in summaries:
         summary = json.loads(path.read_text())
         record.evidence.append(f"metadata/{path.name}")
+        if summary.get("not_here"):
+            not_here.append(f"{path.stem}: {summary['not_here']}")
+            continue
         for phase in ("startup", "final"):
             verdict = summary[phase]["verdict"]
             if verdict is None:
@@ -61,8 +65,10 @@ def metadata_record(out: Path) -> dict[str, Any] | None:
             record.notes.append(f"{path.stem} {phase}: {verdict['message']}")
             if verdict["status"] != "accepted":
                 failures.append(f"{path.stem} {phase}: {verdict['message']}")
-    record.metrics = {"nodes": len(summaries)}
-    if failures:
+    record.metrics = {"nodes": len(summaries) - len(not_here)}
+    if len(not_here) == len(summaries):  # no node's device was here to check
+        record.status, record.reason = Status.NOT_APPLICABLE.value, "; ".join(not_here)
+    elif failures:
         record.status, record.reason = Status.FAILED.value, "; ".join(failures)
     elif unrun:
         record.status, record.reason = Status.BLOCKED.value, "; ".join(unrun)

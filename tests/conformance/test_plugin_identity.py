@@ -166,6 +166,30 @@ def test_a_final_phase_that_found_the_device_changed_still_fails(tmp_path: Path)
     assert record["reason"] == "main final: rejected: mode 0o660 -> 0o666"
 
 
+def test_a_node_whose_device_is_not_here_is_not_judged_never_blamed_on_its_coming_up(
+    tmp_path: Path,
+) -> None:
+    """The suite in a container, or on another machine, judging a cluster node: the node came
+    up, but its /dev/kvm is not where the suite runs. Not applicable, saying so; a node that is
+    here beside it is still judged."""
+    from hvconform.metadata.twophase import TwoPhase
+
+    outcome(tmp_path, "main", {"up": True})
+    (tmp_path / "metadata").mkdir()
+    away = TwoPhase("/dev/kvm")
+    away.skip("node n1's /dev/kvm is not on the machine the suite runs on")
+    (tmp_path / "metadata" / "main.json").write_text(json.dumps(away.summary()))
+    record = session_checks.metadata_record(tmp_path)
+    assert record is not None and record["status"] == "not_applicable", record
+    assert record["reason"] == "main: node n1's /dev/kvm is not on the machine the suite runs on"
+    here = {"not_here": "", "startup": {"verdict": accepted("startup")},
+            "final": {"verdict": accepted("final")}}  # fmt: skip
+    (tmp_path / "metadata" / "gw1.json").write_text(json.dumps(here))
+    record = session_checks.metadata_record(tmp_path)
+    assert record is not None and record["status"] == "passed", record
+    assert record["metrics"] == {"nodes": 1}
+
+
 def test_nodes_blocked_by_the_environment_block_every_session_check(tmp_path: Path) -> None:
     line = "kind create cluster: node image x cannot be pulled (no such host); fix: ..."
     outcome(tmp_path, "main", {"up": False, "setup": {"status": "environment_blocked",

@@ -4,8 +4,9 @@ A user without Python runs `docker run <suite image> run --target cluster --kube
 against their cluster. Here the cluster is `node-up --nodes 1` (a real API server, kubelet,
 containerd with CDI), the image is the one `nox -s suite-image` builds offline, and the same
 selection runs twice on the same node: once with the CLI of this checkout, once in the image
-(host network for the loopback API server, the kubeconfig and its certificates read-only, the
-report written to a mounted directory). Every check's verdict must be the same, and each run
+(host network for the loopback API server, the host's PID namespace and /dev/kvm read-only so
+that the two-phase metadata check judges the node's device, the kubeconfig and its
+certificates read-only, the report written to a mounted directory). Every check's verdict must be the same, and each run
 must clean up after itself (the cluster report's verification).
 
 Run by `nox -s suite-image` (HV_SUITE_IMAGE_LIVE=1): apart from `tests` for CI's time.
@@ -14,6 +15,7 @@ Run by `nox -s suite-image` (HV_SUITE_IMAGE_LIVE=1): apart from `tests` for CI's
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -21,7 +23,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 
 from hvconform.targets.realnode import NODE_NAME, STATE
@@ -33,21 +34,25 @@ pytestmark = [pytest.mark.root, pytest.mark.kvm, pytest.mark.slow, pytest.mark.t
 
 
 @pytest.fixture(scope="module")
-def image() -> str:
+def image() -> Iterator[tuple[str, str]]:
+    """The suite's image (built, or found by its key) in the suite's engine: (its id, the
+    engine's host)."""
     skip_unless_live(ENV, "suite-image")
     from hvconform.manifests.chart import helm_binary
+    from hvconform.targets.container.engine import DockerEngine
     from hvconform.targets.kindnode import suite_image
 
-    client = docker.from_env()
-    try:
-        built, _ = suite_image.ensure_suite_image(client, helm=Path(helm_binary()))
-        return built.id
-    finally:
-        client.close()
+    with DockerEngine(what="tests/realnode suite image") as engine:
+        client = engine.client(timeout=1800)
+        try:
+            built, _ = suite_image.ensure_suite_image(client, helm=Path(helm_binary()))
+        finally:
+            client.close()
+        yield built.id, engine.host
 
 
 @pytest.fixture(scope="module")
-def cluster(image: str) -> Iterator[dict[str, str]]:
+def cluster(image: tuple[str, str]) -> Iterator[dict[str, str]]:
     with cluster_mode_nodes(1) as made:
         yield made
 
@@ -69,8 +74,9 @@ def _read(out: Path, proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 
 def test_the_image_gives_the_clis_verdicts_on_a_cluster(
-    image: str, cluster: dict[str, str], tmp_path: Path
+    image: tuple[str, str], cluster: dict[str, str], tmp_path: Path
 ) -> None:
+    image_id, host = image
     cli_out = tmp_path / "cli"
     t0 = time.monotonic()
     cli = subprocess.run(
@@ -85,13 +91,15 @@ def test_the_image_gives_the_clis_verdicts_on_a_cluster(
     pki = STATE / "pki"
     t0 = time.monotonic()
     container = subprocess.run(
-        ["docker", "run", "--rm", "--network", "host", "--read-only",
-         "--tmpfs", "/tmp", "--env", "HOME=/tmp",
+        # on the node: its PID namespace (the suite finds the node's kubelet, so the node's
+        # /dev/kvm is this machine's) and the device itself, read-only, for the two phases
+        ["docker", "run", "--rm", "--network", "host", "--pid", "host", "--read-only",
+         "--tmpfs", "/tmp", "--env", "HOME=/tmp", "--volume", "/dev/kvm:/dev/kvm:ro",
          "--volume", f"{cluster['kubeconfig']}:/kube/config:ro",
          "--volume", f"{pki}:{pki}:ro",
          "--volume", f"{in_image}:/out",
-         image, *_args(cluster, "/kube/config", "/out/run")],
-        capture_output=True, text=True, timeout=2000,
+         image_id, *_args(cluster, "/kube/config", "/out/run")],
+        capture_output=True, text=True, timeout=2000, env={**os.environ, "DOCKER_HOST": host},
     )  # fmt: skip
     image_s = time.monotonic() - t0
     print(f"cluster target, pod route: CLI {cli_s:.0f} s, suite image {image_s:.0f} s")
@@ -100,6 +108,7 @@ def test_the_image_gives_the_clis_verdicts_on_a_cluster(
     verdicts = [{c["id"]: c["status"] for c in d["checks"]} for d in (from_cli, from_image)]
     assert verdicts[0] == verdicts[1], verdicts
     assert "passed" in verdicts[0].values() and "failed" not in verdicts[0].values(), verdicts[0]
+    assert verdicts[1]["metadata-two-phase"] == "passed", verdicts[1]
     assert cli.returncode == container.returncode == 0, run_output(container, in_image / "run")
     # the image's run names the suite it ran: its version, and the build information
     env = from_image["environment"]

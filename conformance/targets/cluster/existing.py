@@ -61,6 +61,7 @@ class MetadataCheck(Protocol):
     def snapshot_original(self) -> object: ...
     def check_startup(self, node_kvm_gid: int | str | None = None) -> object: ...
     def check_final(self) -> object: ...
+    def skip(self, why: str) -> None: ...
     def summary(self) -> dict[str, Any]: ...
 
 
@@ -252,6 +253,13 @@ class ExistingLifecycle(ClusterLifecycle):
         if self.metadata is None or local_kubelet(self.node_name) is None:
             if phase == "snapshot":
                 self.report.notes.append("host metadata phases skipped: node not on this machine")
+                if self.metadata is not None:
+                    self.metadata.skip(
+                        f"node {self.node_name}'s {self.options.device} is not on the machine the "
+                        "suite runs on (no kubelet of that node among its processes): run the "
+                        "suite on the node, in the host's PID namespace with the device mounted, "
+                        "to check it"
+                    )
             return
         if phase == "snapshot":
             self.metadata.snapshot_original()
