@@ -6,8 +6,9 @@ containerd with CDI), the image is the one `nox -s suite-image` builds offline, 
 selection runs twice on the same node: once with the CLI of this checkout, once in the image
 (host network for the loopback API server, the host's PID namespace and /dev/kvm read-only so
 that the two-phase metadata check judges the node's device, the kubeconfig and its
-certificates read-only, the report written to a mounted directory). Every check's verdict must be the same, and each run
-must clean up after itself (the cluster report's verification).
+certificates read-only, the report written to a mounted directory). Every check's verdict
+must be the same, and each run must clean up after itself (the cluster report's
+verification).
 
 Run by `nox -s suite-image` (HV_SUITE_IMAGE_LIVE=1): apart from `tests` for CI's time.
 """
