@@ -53,5 +53,6 @@ def test_the_catalogue_passes_on_containerd_2(
     runtimes = data["environment"]["container_runtime"]
     assert runtimes, data["environment"]
     for facts in runtimes:
-        assert facts["version"].lstrip("v") == CONTAINERD2_VERSION.lstrip("v"), facts
+        # a build from the module says "2.3.7+unknown" (no release's git stamp)
+        assert facts["version"].startswith(CONTAINERD2_VERSION.lstrip("v") + "+"), facts
         assert facts["cdi_enabled"] is True, facts
