@@ -97,8 +97,9 @@ def test_a_runtime_that_cannot_resolve_the_spec_is_blamed_never_the_plugin(tmp_p
     assert reason.startswith("the container runtime cannot resolve the plugin's CDI devices: ")
     assert f"reads CDI specs from {CDI_DIR}-unread" in reason, reason
     assert f"the plugin writes its spec to {CDI_DIR}" in reason and "fix: add" in reason
-    (facts,) = data["environment"]["container_runtime"]
-    assert facts["cdi_enabled"] is True and facts["cdi_spec_dirs"] == [f"{CDI_DIR}-unread"]
+    # the runtime as its daemon says it, in the reason (the node never came up: the run's
+    # environment records a runtime only for a node that did)
+    assert f"containerd {CONTAINERD2_VERSION.lstrip('v')}+" in reason, reason
 
 
 def _cluster_run(made: dict[str, str], out: Path, marks: str) -> subprocess.CompletedProcess[str]:
