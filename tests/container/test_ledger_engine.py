@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import secrets
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -74,3 +75,31 @@ def test_a_podman_container_is_present_while_a_process_names_it() -> None:
     assert not still_present(Entry("container", f"podman:hvw-{secrets.token_hex(6)}", "t"))
     with pytest.raises(ValueError, match="unknown engine"):
         still_present(Entry("container", "lxc:x", "t"))
+
+
+def test_a_stopped_engine_leaves_no_mount_below_its_exec_root() -> None:
+    """dockerd keeps its default network namespace bind-mounted in its exec root after a clean
+    shutdown (exec/netns/default, seen left on this machine after a CI run): the engine's stop
+    removes what its own daemon mounted there, and nothing else."""
+    import shutil
+    import tempfile
+
+    from hvconform.targets.local.hostfiles import mounts_below
+
+    top = Path(tempfile.mkdtemp(prefix="hve-", dir="/run"))  # short: socket paths below it
+    try:
+        with DockerEngine(what="tests/container stop", data_root=top / "d", exec_root=top / "x"):
+            assert (top / "x" / "started-by-hvconform").exists()
+            # what dockerd leaves: a network namespace bind-mounted at exec/netns/default (a
+            # fresh daemon that ran no container makes none, so it is made here as it does)
+            default = top / "x" / "netns" / "default"
+            default.parent.mkdir(exist_ok=True)
+            default.touch()
+            subprocess.run(["mount", "--bind", "/proc/self/ns/net", str(default)], check=True)
+            assert mounts_below(top / "x") == [str(default)]
+        assert not (top / "x" / "started-by-hvconform").exists()  # stopped by this user
+        assert mounts_below(top) == []
+    finally:
+        left = mounts_below(top)
+        shutil.rmtree(top, ignore_errors=not left)
+        assert not left, left

@@ -24,6 +24,7 @@ from pathlib import Path
 import docker
 
 from hvconform.contract.ledger import Ledger
+from hvconform.targets.local.hostfiles import mounts_below, umount
 from hvconform.targets.local.procs import alive
 
 DATA_ROOT = Path(os.environ.get("HV_DOCKER_DATA_ROOT", "/var/lib/hv-docker"))
@@ -220,6 +221,10 @@ class DockerEngine:
         left = [pid for pid in pids if alive(pid)]
         if left:
             raise EngineError(f"engine processes {left} survived SIGKILL")
+        # dockerd keeps its default network namespace bind-mounted below its exec root after a
+        # clean shutdown (exec/netns/default): ours, and nothing else uses it once it is gone.
+        for point in reversed(mounts_below(self.exec_root)):
+            umount(Path(point))
 
 
 def _reap(pid: int) -> None:

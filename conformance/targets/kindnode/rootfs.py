@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hvconform.targets.kindnode import CACHE, CONTAINERD_DEB, RECIPE
+from hvconform.targets.local.hostfiles import mounts_below
 from hvconform.targets.realnode import KUBERNETES_VERSION
 from hvconform.targets.realnode.deps import _apt, private_apt
 
@@ -79,12 +80,6 @@ def containerd_deb(log: Log) -> Path:
     return out
 
 
-def _mounts_below(root: Path) -> list[str]:
-    prefix = str(root) + "/"
-    with open("/proc/self/mountinfo") as f:
-        return [line.split()[4] for line in f if line.split()[4].startswith(prefix)]
-
-
 @contextlib.contextmanager
 def staging() -> Iterator[Path]:
     (CACHE / "stage").mkdir(parents=True, exist_ok=True)
@@ -92,7 +87,7 @@ def staging() -> Iterator[Path]:
     try:
         yield root
     finally:
-        left = _mounts_below(root)
+        left = mounts_below(root)
         if left:  # never rm -rf through a mount
             raise RuntimeError(f"mounts left below {root}: {left}; not removing it")
         shutil.rmtree(root)

@@ -37,6 +37,15 @@ def umount(mountpoint: Path) -> None:
         raise RuntimeError(f"umount {mountpoint} failed: {proc.stderr.strip()}")
 
 
+def mounts_below(root: Path) -> list[str]:
+    """The mount points strictly below root, as this process's mount namespace lists them
+    (mountinfo escapes a space as \\040)."""
+    prefix = str(root) + "/"
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        points = [line.split()[4].replace("\\040", " ") for line in f]
+    return [p for p in points if p.startswith(prefix)]
+
+
 def device_metadata(path: str) -> dict[str, int | str]:
     """What the two-phase check compares: type, numbers, mode and owner of a device node."""
     st = os.lstat(path)
