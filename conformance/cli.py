@@ -17,13 +17,20 @@ from hvconform.cli_parser import build_parser
 from hvconform.contract import manifest, settings
 from hvconform.contract.cluster_options import ClusterOptions
 from hvconform.contract.errors import Unhonoured
-from hvconform.contract.plugin import PluginUnderTest, ProfileError
+from hvconform.contract.plugin import ProfileError
 from hvconform.contract.plugin import resolve as resolve_plugin
 from hvconform.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
 from hvconform.contract.results import EnvironmentBlocked
-from hvconform.contract.runcontext import ENV_CONTEXT, RunContext
+from hvconform.contract.runcontext import ENV_CONTEXT, RunContext, TargetOptions
 from hvconform.scenarios import CATALOGUE, CLEANUP
-from hvconform.targets import TARGETS, announce, cluster_options, plan_text
+from hvconform.targets import (
+    TARGETS,
+    OptionInputs,
+    announce,
+    foreign_flags,
+    plan_text,
+    target_options,
+)
 from hvconform.targets.honour import refusal
 
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
@@ -57,59 +64,31 @@ def _render_reports(results: Path, out: Path, *, partial: bool) -> None:
     print(f"hvconform: report at {paths['markdown']} and {paths['html']}")
 
 
-def _cluster_options(
-    ns: argparse.Namespace, run_id: str, out: Path, plugin: PluginUnderTest
-) -> tuple[ClusterOptions | None, int | None]:
-    """Validate cluster options; print the plan for --dry-run. Returns (options, exit code)."""
-    if not TARGETS[ns.target].cluster:
-        if ns.values_for or ns.values_files:
-            print(f"hvconform: --values-for and --values are for the cluster targets, not "
-                  f"--target {ns.target}", file=sys.stderr)  # fmt: skip
-            return None, 2
-        if ns.dry_run:
-            clusters = "|".join(name for name, t in TARGETS.items() if t.cluster)
-            print(f"hvconform: --dry-run is for --target {clusters}", file=sys.stderr)
-            return None, 2
-        return None, None
-
+def _target_options(
+    ns: argparse.Namespace, inputs_: OptionInputs
+) -> tuple[TargetOptions | None, int | None]:
+    """The chosen target's typed options, built and checked by the target; the plan printed
+    for --dry-run. Returns (options, exit code)."""
+    foreign = foreign_flags(ns.target, ns)
+    if foreign:
+        print(f"hvconform: {', '.join(foreign)}: not an option of --target {ns.target} (see "
+              "hvconform run --help: each target's options are grouped under it)",
+              file=sys.stderr)  # fmt: skip
+        return None, 2
     try:
-        options = ClusterOptions(
-            target=ns.target,
-            image=ns.image or plugin.image or "",
-            guest_image=ns.guest_image,
-            hypervisor=ns.hypervisor,
-            run_id=run_id,
-            workdir=str(out / "cluster"),
-            cluster_name=ns.cluster_name,
-            node_image=ns.node_image,
-            kind_config=ns.kind_config,
-            keep_cluster=ns.keep_cluster,
-            existing_cluster=ns.existing_cluster,
-            resource_group=ns.resource_group,
-            cluster=ns.cluster,
-            vm_size=ns.vm_size,
-            kubeconfig=str(Path(ns.kubeconfig).resolve()) if ns.kubeconfig else "",
-            context=ns.context,
-            nodes=tuple(ns.nodes),
-            all_nodes=ns.all_nodes,
-            node_access=ns.node_access,
-            allow_node_reboot=ns.allow_node_reboot,
-            allow_objects=tuple(ns.allow_objects),
-            values_for=ns.values_for,
-            values_files=tuple(ns.values_files),
-            **({"diag_image": ns.diag_image} if ns.diag_image else {}),
-        )
-        options = cluster_options(ns.target, options)  # every cluster's rules, then the target's
-        if not ns.dry_run:
+        options: TargetOptions = target_options(ns.target, ns, inputs_)
+        if TARGETS[ns.target].pool and isinstance(options, ClusterOptions) and not ns.dry_run:
             options = cluster_nodes.resolve(options)  # --all-nodes: the nodes, by name
     except ValueError as exc:
         print(f"hvconform: {exc}", file=sys.stderr)
         return None, 2
     if ns.dry_run:
-        print(plan_text(ns.target, options, plugin), end="")
+        print(plan_text(ns.target, options, inputs_.plugin), end="")
         return None, 0
+    if not TARGETS[ns.target].cluster:
+        return options, None
     try:
-        plan = plan_text(ns.target, options, plugin)  # renders and gates: refusals before a run
+        plan = plan_text(ns.target, options, inputs_.plugin)  # renders and gates: refusals first
     except EnvironmentBlocked:
         plan = ""  # helm missing, say: the suite's preflight reports it with its fix
     hint = next((line for line in plan.splitlines() if "if the run is killed" in line), "")
@@ -180,15 +159,16 @@ def cmd_run(ns: argparse.Namespace) -> int:
     root = Path(ns.reports_root).resolve()
     out = Path(ns.out).resolve() if ns.out else root / run_id
     try:
-        cluster, code = _cluster_options(ns, run_id, out, plugin)
+        options, code = _target_options(ns, OptionInputs(run_id, out, plugin))
     except EnvironmentBlocked as exc:  # helm missing, say: the fix, not a check failure
         print(f"hvconform: environment blocked: {exc}", file=sys.stderr)
         return EXIT_ENVIRONMENT_BLOCKED
     except (Unhonoured, ValueError) as exc:  # the profile's objects cannot be rendered
         print(f"hvconform: {str(exc).splitlines()[0][:300]}", file=sys.stderr)
         return inputs.EXIT_BAD_INPUT
-    if code is not None:
-        return code
+    if code is not None or options is None:
+        return 2 if code is None else code
+    cluster = options if isinstance(options, ClusterOptions) else None
     if TARGETS[ns.target].serial:
         ns.workers = "0"  # a cluster per run, one real node per machine
     problem = _output_problem(ns, root, out)
@@ -202,15 +182,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
         run_id=run_id,
         out_dir=str(out),
         target=ns.target,
-        runtime=ns.runtime,
         plugin=plugin if cluster is None else plugin.with_image(cluster.image),
         recovery_timeout_s=ns.recovery_timeout,
         markexpr=ns.markexpr,
         workers=str(ns.workers),
-        cluster=cluster,
-        # read from the flag (or its environment variable) here, once: the target reads the context
-        docker_host=ns.docker_host,
-        node_runtime=ns.node_runtime,
+        # the target's own options, typed: read from its flags (or their environment
+        # variables) here, once; the target reads them from the context
+        options=options,
         settings=settings.current(),
     )
     context_path = ctx.write()

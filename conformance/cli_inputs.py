@@ -24,16 +24,18 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
-
-from hvconform.contract import imageref
 
 # Re-exported: hvconform's CLI reads every rule and code from here.
 from hvconform.contract.args import EXIT_BAD_INPUT as EXIT_BAD_INPUT
 from hvconform.contract.args import OneLineParser as OneLineParser
+from hvconform.contract.args import docker_host_arg as docker_host_arg
+from hvconform.contract.args import image_arg as image_arg
 from hvconform.contract.args import output_problem as output_problem
+from hvconform.contract.args import values_file_arg as values_file_arg
+from hvconform.contract.args import values_key_arg as values_key_arg
 from hvconform.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
 
 EXIT_OK, EXIT_FAILED, EXIT_SUITE_BROKE = 0, 1, 3
@@ -78,37 +80,6 @@ def markexpr_problem(markexpr: str) -> str | None:
         where = f" at column {exc.offset}" if exc.offset else ""
         return f"-m {markexpr!r}: not a marker expression{where}: {exc.msg}"
     return None
-
-
-def image_arg(*, pinned: bool, env: str = "") -> Callable[[str], str]:
-    """An argparse `type` for an image flag: the reference (hvconform.contract.imageref),
-    pinned when asked; empty means not given. argparse also applies it to the default, so the
-    flag's environment variable is checked too; a refusal is OneLineParser's one line, exit 2,
-    before anything runs (no image built, no directory made)."""
-
-    def check(raw: str) -> str:
-        problem = imageref.problem(raw, pinned=pinned) if raw else None
-        if problem:
-            from_env = bool(env) and os.environ.get(env) == raw
-            raise argparse.ArgumentTypeError(
-                problem + (f" (the value of {env})" if from_env else "")
-            )
-        return raw
-
-    return check
-
-
-DOCKER_HOST_SCHEMES = ("unix://", "tcp://", "ssh://")  # what the docker CLI's -H accepts here
-
-
-def docker_host_arg(raw: str) -> str:
-    """An argparse `type` for --docker-host: empty (a private engine), or an engine URL."""
-    if raw and (not raw.startswith(DOCKER_HOST_SCHEMES) or any(c.isspace() for c in raw)):
-        raise argparse.ArgumentTypeError(
-            f"{raw!r}: an engine URL ({', '.join(s + '...' for s in DOCKER_HOST_SCHEMES)})"
-            + (" (the value of HV_DOCKER_HOST)" if os.environ.get("HV_DOCKER_HOST") == raw else "")
-        )
-    return raw
 
 
 def recovery_problem(seconds: float) -> str | None:
@@ -156,26 +127,3 @@ def exit_without_results(pytest_code: int) -> int:
     """pytest stopped before results.json existed: its usage error (4) is bad input (pytest
     arguments after --); anything else means the suite broke before it could report."""
     return EXIT_BAD_INPUT if _PYTEST.get(pytest_code) == EXIT_BAD_INPUT else EXIT_SUITE_BROKE
-
-
-def values_key_arg(raw: str) -> str:
-    """An argparse `type` for --values-for: a per-target key a profile may name."""
-    from hvconform.contract.deploy import values_key_problem
-
-    if raw and (problem := values_key_problem(raw)):
-        raise argparse.ArgumentTypeError(problem)
-    return raw
-
-
-def values_file_arg(raw: str) -> str:
-    """An argparse `type` for --values: a YAML mapping in a regular file, read by the strict
-    loader (size caps, no aliases bombs, no duplicate keys); its absolute path."""
-    from hvconform.contract.safeyaml import MAX_FILE_BYTES, UnsafeInput, load_strict, read_bounded
-
-    try:
-        data = load_strict(read_bounded(raw, MAX_FILE_BYTES), raw)
-    except UnsafeInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if data is not None and not isinstance(data, dict):
-        raise argparse.ArgumentTypeError(f"{raw}: want a mapping of chart values")
-    return str(Path(raw).resolve())

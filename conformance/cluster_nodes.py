@@ -60,7 +60,7 @@ def run(
     assert ctx.cluster is not None
     options, out, run_id = ctx.cluster, ctx.out, ctx.run_id
     controller = ExistingLifecycle(
-        options.with_(extra={**options.extra, "scope": "cluster"}, workdir=str(out / "cluster")),
+        options.with_(scope="cluster", workdir=str(out / "cluster")),
         plugin=ctx.plugin,
     )
     codes: dict[str, int] = {}
@@ -70,12 +70,12 @@ def run(
             for node in options.nodes:
                 node_options = options.with_(
                     nodes=(node,),
-                    extra={**options.extra, "scope": "node"},
+                    scope="node",
                     workdir=str(out / node / "cluster"),
                 )
                 (out / node).mkdir(parents=True, exist_ok=True)
                 node_ctx = ctx.with_(
-                    cluster=node_options, out_dir=str(out / node), run_id=f"{run_id}-{node}"
+                    options=node_options, out_dir=str(out / node), run_id=f"{run_id}-{node}"
                 )
                 path = node_ctx.write()
                 procs[node] = subprocess.Popen(

@@ -11,13 +11,17 @@ names a target.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import Any, ClassVar
 
 from hvconform.contract import imageref
 from hvconform.contract.datafiles import data_root
 
 HYPERVISORS = ("kvm", "mshv")
+# Which part of a run over several nodes of a pool this process does: "" the whole run (one
+# node, or a single-node cluster); "cluster" the controller's part (deploy once for all, delete
+# once); "node" one node's own checks beside the others' (hvconform.cluster_nodes).
+SCOPES = ("", "cluster", "node")
 NODE_ACCESS = ("pod", "direct")
 NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 # The repository's layout of the suite's data (kind/cluster.yaml): the checkout, or the wheel's copy.
@@ -28,8 +32,9 @@ KIND_PUBLIC_NODE_IMAGE = "kindest/node:v1.31.0"
 
 @dataclass(frozen=True)
 class ClusterOptions:
-    """Everything a cluster run needs, defined once; `from_env` is how pytest receives them."""
+    """Everything a cluster run needs, defined once; the run context carries it typed."""
 
+    FAMILY: ClassVar[str] = "cluster"
     target: str = "kind"
     image: str = "hv-device-plugin:0.1.0"
     guest_image: str = ""  # workload pods; default: the plugin image (it ships the guest)
@@ -71,7 +76,7 @@ class ClusterOptions:
     pod_timeout: float = 180.0
     delete_timeout: float = 300.0
     poll_interval: float = 1.0
-    extra: dict[str, str] = field(default_factory=dict)
+    scope: str = ""  # one of SCOPES
 
     @property
     def plugin_namespace(self) -> str:
@@ -95,6 +100,11 @@ class ClusterOptions:
         return value.strip("-_.") or "run"
 
     @property
+    def per_node(self) -> bool:
+        """One node's own part of a pool run: named per node, deploys and deletes nothing."""
+        return self.scope == "node"
+
+    @property
     def device(self) -> str:
         return f"/dev/{self.hypervisor}"
 
@@ -113,6 +123,8 @@ class ClusterOptions:
             problem = imageref.problem(image, pinned=pinned) if image or flag == "--image" else None
             if problem:
                 raise ValueError(f"{flag} {problem}")
+        if self.scope not in SCOPES:
+            raise ValueError(f"scope must be one of {SCOPES}, got {self.scope!r}")
         if self.node_access not in NODE_ACCESS:
             raise ValueError(f"--node-access must be pod or direct, got {self.node_access!r}")
         return self

@@ -14,18 +14,25 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hvconform.contract import settings as run_settings
 from hvconform.contract.cluster_options import ClusterOptions
 from hvconform.contract.plugin import PluginUnderTest
 from hvconform.contract.safewrite import write_atomic
+from hvconform.contract.target_options import LocalOptions, NodeOptions
 
 FILE_NAME = "run-context.json"
 # How a pytest worker finds the context its controller was given (xdist starts workers with the
 # controller's environment; the path, not the inputs, travels there).
 ENV_CONTEXT = "HV_RUN_CONTEXT"
-SCHEMA = 1
+SCHEMA = 2
+_O = TypeVar("_O", LocalOptions, NodeOptions, ClusterOptions)
+# The chosen target's own options, typed: one object per run, of its family's class.
+TargetOptions = LocalOptions | NodeOptions | ClusterOptions
+_FAMILIES: dict[str, type[LocalOptions] | type[NodeOptions] | type[ClusterOptions]] = {
+    c.FAMILY: c for c in (LocalOptions, NodeOptions, ClusterOptions)
+}
 
 
 @dataclass(frozen=True)
@@ -33,20 +40,29 @@ class RunContext:
     run_id: str
     out_dir: str
     target: str
-    runtime: str
     plugin: PluginUnderTest
     recovery_timeout_s: float = 60.0
     markexpr: str = ""
     workers: str = "0"
-    cluster: ClusterOptions | None = None  # cluster targets only
-    extra: dict[str, str] = field(default_factory=dict)
-    # --runtime container: the engine of the plugin container (--docker-host); "": a private
-    # dockerd the harness starts
-    docker_host: str = ""
-    # --target node: which container runtime the node runs (--node-runtime); "": its default
-    node_runtime: str = ""
+    # the target's own options (its flags, typed by its family's options module)
+    options: TargetOptions = field(default_factory=LocalOptions)
     # what the user set by environment variable, read once by the CLI (contract.settings)
     settings: run_settings.RunSettings = field(default_factory=run_settings.RunSettings)
+
+    @property
+    def cluster(self) -> ClusterOptions | None:
+        """The cluster targets' options; None on the others."""
+        return self.options if isinstance(self.options, ClusterOptions) else None
+
+    def options_of(self, family: type[_O]) -> _O:
+        """The target's options as `family` (its defaults when the run's target is another
+        family's: a check of the local family asked on a node run, say)."""
+        return self.options if isinstance(self.options, family) else family()
+
+    @property
+    def runtime(self) -> str:
+        """How the plugin and workloads run on the local target ("process" everywhere else)."""
+        return self.options.runtime if isinstance(self.options, LocalOptions) else "process"
 
     @property
     def out(self) -> Path:
@@ -61,15 +77,11 @@ class RunContext:
             "run_id": self.run_id,
             "out_dir": self.out_dir,
             "target": self.target,
-            "runtime": self.runtime,
             "plugin": self.plugin.to_json(),
             "recovery_timeout_s": self.recovery_timeout_s,
             "markexpr": self.markexpr,
             "workers": self.workers,
-            "cluster": None if self.cluster is None else self.cluster.to_json(),
-            "extra": dict(self.extra),
-            "docker_host": self.docker_host,
-            "node_runtime": self.node_runtime,
+            "options": {"family": self.options.FAMILY, **self.options.to_json()},
             "settings": self.settings.to_json(),
         }
 
@@ -77,20 +89,19 @@ class RunContext:
     def from_json(cls, data: dict[str, Any]) -> RunContext:
         if data.get("schema") != SCHEMA:
             raise ValueError(f"run context schema {data.get('schema')!r}, want {SCHEMA}")
-        cluster = data.get("cluster")
+        options = dict(data["options"])
+        family = _FAMILIES.get(str(options.pop("family", "")))
+        if family is None:
+            raise ValueError(f"run context: unknown options family in {sorted(data['options'])}")
         return cls(
             run_id=data["run_id"],
             out_dir=data["out_dir"],
             target=data["target"],
-            runtime=data["runtime"],
             plugin=PluginUnderTest.from_json(data["plugin"]),
             recovery_timeout_s=float(data["recovery_timeout_s"]),
             markexpr=data["markexpr"],
             workers=data["workers"],
-            cluster=None if cluster is None else ClusterOptions.from_json(cluster),
-            extra=dict(data.get("extra", {})),
-            docker_host=str(data.get("docker_host", "")),
-            node_runtime=str(data.get("node_runtime", "")),
+            options=family.from_json(options),
             settings=run_settings.RunSettings.from_json(data.get("settings", {})),
         )
 

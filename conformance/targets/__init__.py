@@ -21,11 +21,13 @@ kind, AKS), `realnode/` (a real kubelet on this machine).
 
 from __future__ import annotations
 
+import argparse
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,18 @@ class Target:
     # so deleting it can never remove someone else's install. A throwaway cluster may use the
     # chart's own.
     plugin_namespace: str = ""
+    # The module owning its flags and their typed object: `add_options(parser, env)` and
+    # `options(ns, inputs)`; targets of one family share it.
+    options: str = "hvconform.targets.local.options"
+    dra: bool = False  # it has a DRA node: it judges DRA drivers too
+
+
+class OptionInputs(NamedTuple):
+    """What a target's options are built with besides its flags."""
+
+    run_id: str
+    out: Path  # the run's directory
+    plugin: Any  # the plugin under test (hvconform.contract.plugin.PluginUnderTest)
 
 
 # How a runtime other than the default is implemented (local target only).
@@ -66,6 +80,8 @@ TARGETS: dict[str, Target] = {
         serial=True,
         host_metadata="target",
         pool=True,
+        options="hvconform.targets.cluster.options",
+        dra=True,
     ),
     "kind": Target(
         "hvconform.targets.cluster.kind",
@@ -75,6 +91,8 @@ TARGETS: dict[str, Target] = {
         host_metadata="target",
         hypervisors=("kvm",),
         plugin_namespace="hyperlight-system",
+        options="hvconform.targets.cluster.options",
+        dra=True,
     ),
     "aks": Target(
         "hvconform.targets.cluster.aks",
@@ -82,12 +100,53 @@ TARGETS: dict[str, Target] = {
         cluster=True,
         serial=True,
         host_metadata="none",
+        options="hvconform.targets.cluster.options",
     ),
     "node": Target(
-        "hvconform.targets.realnode.entry", "a real kubelet on this machine", serial=True
+        "hvconform.targets.realnode.entry",
+        "a real kubelet on this machine",
+        serial=True,
+        options="hvconform.targets.realnode.options",
+        dra=True,
     ),
 }
 RUNTIMES: tuple[str, ...] = ("process", *RUNTIME_MODULES)
+
+
+# Which flags each options module added (dest, the flag users type, its default), in order.
+_FLAGS: dict[str, list[tuple[str, str, Any]]] = {}
+
+
+def add_options(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """Every target's own flags, each family's once, in its own groups (--help shows whose);
+    `env` is the environment the CLI read once, for the flags' defaults."""
+    for module_name in dict.fromkeys(t.options for t in TARGETS.values()):
+        before = len(parser._actions)
+        importlib.import_module(module_name).add_options(parser, env)
+        _FLAGS[module_name] = [
+            (a.dest, a.option_strings[0], a.default) for a in parser._actions[before:]
+        ]
+
+
+def foreign_flags(name: str, ns: argparse.Namespace) -> list[str]:
+    """The flags set on the command line (or by their environment variable) that belong to
+    other targets than `name`: a run refuses them rather than ignore them."""
+    own = TARGETS[name].options
+    return [
+        flag
+        for module_name, flags in _FLAGS.items()
+        if module_name != own
+        for dest, flag, default in flags
+        if getattr(ns, dest, default) != default
+    ]
+
+
+def target_options(name: str, ns: argparse.Namespace, inputs: OptionInputs) -> Any:
+    """The typed options of target `name` from the parsed flags: its family builds them, a
+    cluster target's then pass every cluster's rules and its own (`cluster_options`).
+    ValueError names the flag to fix."""
+    built = importlib.import_module(TARGETS[name].options).options(ns, inputs)
+    return cluster_options(name, built) if TARGETS[name].cluster else built
 
 
 class UnknownTarget(ValueError):
@@ -164,6 +223,11 @@ def build_plan(
 
 
 def plan_text(name: str, options: Any, plugin: Any = None) -> str:
-    """What `--dry-run` prints: the plan that deploys `plugin` (its profile's objects)."""
-    text: str = cluster_module(name).plan_text(cluster_options(name, options), plugin)
-    return text
+    """What `--dry-run` prints: a cluster target's plan deploying `plugin` (its profile's
+    objects), or what a machine target would start, make and remove for it."""
+    if TARGETS[name].cluster:
+        text: str = cluster_module(name).plan_text(cluster_options(name, options), plugin)
+        return text
+    runtime = getattr(options, "runtime", "process")
+    planned: str = module_for(name, runtime).plan_text(options, plugin)
+    return planned

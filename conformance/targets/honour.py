@@ -16,10 +16,7 @@ per target family and written once, here, from what each family does with a prof
 from __future__ import annotations
 
 from hvconform.contract.plugin import PluginUnderTest
-
-CLUSTERS = ("kind", "aks", "cluster")
-# Targets with a DRA node (hvconform.contract.dra): the node target's, kind's, a cluster's.
-DRA_TARGETS = ("node", "kind", "cluster")
+from hvconform.targets import TARGETS
 
 
 def _where(target: str, runtime: str) -> str:
@@ -30,21 +27,23 @@ def refusal(plugin: PluginUnderTest, target: str, runtime: str, *, image: str = 
     """Why `target` cannot run `plugin` as described (one line), or "" when it can."""
     where = _where(target, runtime)
     who = f"plugin {plugin.name!r} ({plugin.source})"
-    from_image = target in CLUSTERS or runtime == "container"
-    if plugin.dra is not None and (target not in DRA_TARGETS or runtime != "process"):
+    # a cluster target applies the profile's objects; a DRA node is a target's trait (Target.dra)
+    cluster = TARGETS[target].cluster
+    from_image = cluster or runtime == "container"
+    if plugin.dra is not None and (not TARGETS[target].dra or runtime != "process"):
         # The local target's kubelet is an emulator of the device plugin API; AKS's recorded
         # contract has no DRA side (no AKS API here to measure one against).
+        with_dra = " or ".join(f"--target {n}" for n, t in TARGETS.items() if t.dra)
         return (
             f"dra: {who} is a DRA driver; {where} judges device plugins only: judge it with "
-            "--target node (a real kubelet, API server and scheduler), --target kind or "
-            "--target cluster"
+            f"{with_dra} (a real kubelet, API server and scheduler)"
         )
     if from_image and plugin.deploy is None:
         return (
             f"deploy: {who} has no deploy section (image, chart or manifests, pods); {where} "
             "runs a plugin from its image and objects (README: Testing your own plugin)"
         )
-    if target in CLUSTERS and not plugin.resource:
+    if cluster and not plugin.resource:
         return (
             f"resource: {who} does not declare the extended resource it advertises; {where} "
             "requests it in workload pods and cannot watch the plugin's Register call"

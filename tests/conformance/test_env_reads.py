@@ -125,5 +125,5 @@ def _minimal_context() -> dict[str, object]:
 
     plugin = resolve().to_json()
     return {"schema": SCHEMA, "run_id": "r", "out_dir": "/tmp/r", "target": "local",
-            "runtime": "process", "plugin": plugin, "recovery_timeout_s": 60.0,
-            "markexpr": "", "workers": "0", "cluster": None}  # fmt: skip
+            "plugin": plugin, "recovery_timeout_s": 60.0, "markexpr": "", "workers": "0",
+            "options": {"family": "local", "runtime": "process"}}  # fmt: skip

@@ -57,9 +57,8 @@ def test_the_opt_in_travels_typed_in_the_run_context(tmp_path: Path) -> None:
         run_id=RUN_ID,
         out_dir=str(tmp_path),
         target="cluster",
-        runtime="process",
         plugin=resolve_plugin(),
-        cluster=options(allow_node_reboot=True),
+        options=options(allow_node_reboot=True),
     )
     back = RunContext.from_json(json.loads(json.dumps(ctx.to_json())))
     assert back.cluster is not None and back.cluster.allow_node_reboot is True

@@ -91,7 +91,7 @@ def test_unsafe_options_are_refused(change: dict[str, Any], message: str) -> Non
 
 def test_options_travel_typed_in_the_run_context(tmp_path: Path) -> None:
     options = golden_options(target="aks", hypervisor="mshv", keep_cluster=True)
-    ctx = RunContext("r", str(tmp_path), "aks", "process", resolve_plugin(), cluster=options)
+    ctx = RunContext("r", str(tmp_path), "aks", resolve_plugin(), options=options)
     back = runcontext.read(ctx.write())
     assert back == ctx and back.cluster == options
     assert values_key(options) == "aks-mshv" and options.plugin_namespace == "hvconform-c0ffee01"

@@ -172,7 +172,7 @@ def test_refusals_name_the_field_and_the_target() -> None:
 
 def test_the_run_context_carries_the_deploy_section_unchanged(tmp_path: Path) -> None:
     plugin = load_profile(acme_profile(tmp_path))
-    ctx = RunContext("r1", str(tmp_path), "kind", "process", plugin, recovery_timeout_s=12.5)
+    ctx = RunContext("r1", str(tmp_path), "kind", plugin, recovery_timeout_s=12.5)
     back = runcontext.read(ctx.write())
     assert back == ctx and back.plugin.deploy == plugin.deploy
 

@@ -118,4 +118,4 @@ def test_values_files_are_refused_for_manifests_and_when_not_a_mapping(tmp_path:
 def test_not_for_the_targets_without_a_cluster(tmp_path: Path) -> None:
     mine = tmp_path / "mine.yaml"
     mine.write_text("{}\n")
-    _one_line(_run("--target", "local", "--values", str(mine)), "cluster targets")
+    _one_line(_run("--target", "local", "--values", str(mine)), "--values", "--target local")

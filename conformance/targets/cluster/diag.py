@@ -47,7 +47,7 @@ class DiagPods:
         self.made: dict[str, str] = {}  # node -> pod name
 
     def name(self, node: str, index: int = 0) -> str:
-        if self.options.extra.get("scope") == "node":  # one per node of a multi-node run
+        if self.options.per_node:  # one per node of a multi-node run
             return f"{DIAG_NAME}-{node}"
         return DIAG_NAME if index == 0 else f"{DIAG_NAME}-{index}"
 

@@ -191,10 +191,9 @@ class ExistingLifecycle(ClusterLifecycle):
             api=("GET /version", f"GET /api/v1/nodes/{where}"),
         )
         steps = [check, *cluster_steps(self.shared_steps(), diag)]
-        scope = o.extra.get("scope", "")
-        if scope == "cluster":  # several nodes: the run's controller deploys once, for all
+        if o.scope == "cluster":  # several nodes: the run's controller deploys once, for all
             return [s for s in steps if s.id in CLUSTER_LEVEL or s.id == "cluster-check"]
-        if scope == "node":  # ... and each node's own run does the rest
+        if o.per_node:  # ... and each node's own run does the rest
             steps = [s for s in steps if s.id not in CLUSTER_LEVEL]
         dev = o.device
         # after the rollout (this run's, or the controller's before this node's part began)
@@ -233,7 +232,7 @@ class ExistingLifecycle(ClusterLifecycle):
     # -- actions --------------------------------------------------------------------------
 
     def _check_cluster(self) -> None:
-        if self.text and self.options.extra.get("scope") != "node":
+        if self.text and not self.options.per_node:
             out = self.workdir / MANIFESTS_FILE
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(self.text)

@@ -89,7 +89,7 @@ class GuestPods:
 
     def _node_tag(self) -> str:
         """Several nodes of one run share the work namespace: their pods are named apart."""
-        return f"{self.node_name}-" if self.options.extra.get("scope") == "node" else ""
+        return f"{self.node_name}-" if self.options.per_node else ""
 
     def _admitted(self, created: Obj) -> dict[str, Any] | None:
         name, ns = created["metadata"]["name"], created["metadata"]["namespace"]

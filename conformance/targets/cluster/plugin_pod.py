@@ -328,7 +328,7 @@ class PluginPod(InsideFaults, NodeBase):
         self._wait_new_plugin(pod["metadata"]["uid"])
 
     def _swap_daemonset(self, ds: Obj) -> None:
-        if self.options.extra.get("scope") == "node":
+        if self.options.per_node:
             raise NotApplicable(
                 "replacing the plugin DaemonSet restarts the plugin on every node of the run, "
                 "where other nodes' checks are running: not with several nodes at once"

@@ -56,7 +56,7 @@ class Rollout:
     replaced_by_running_pod: Callable[[str], bool]
 
     def start_rollout(self) -> None:
-        if self.options.extra.get("scope") == "node":
+        if self.options.per_node:
             raise NotApplicable(
                 "a rollout replaces the plugin on every node of the run, where other nodes' "
                 "checks are running: not with several nodes at once"

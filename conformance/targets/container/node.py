@@ -41,6 +41,7 @@ from hvconform.contract.plugin import PluginUnderTest, Probe
 from hvconform.contract.ran import PluginRan
 from hvconform.contract.results import EnvironmentBlocked
 from hvconform.contract.runcontext import RunContext
+from hvconform.contract.target_options import LocalOptions
 from hvconform.contract.target_report import TargetReport
 from hvconform.targets.container.engine import DockerEngine, EngineError
 from hvconform.targets.container.images import (
@@ -59,6 +60,7 @@ from hvconform.targets.container.spec import ContainerSpec, container_spec
 from hvconform.targets.container.workloads import KVM, ContainerWorkloads
 from hvconform.targets.local.node import LocalNode
 from hvconform.targets.local.observe import PROBE_TIMEOUT_S, Observer
+from hvconform.targets.local.plan import machine_plan
 
 TOOLS = ("dockerd", "containerd", "podman", "crun", "unshare", "nsenter", "debootstrap")
 
@@ -353,7 +355,32 @@ def open_node(
 ) -> Iterator[ContainerNode]:
     """The registry's entry: the plugin under test as its profile's objects describe it."""
     node = ContainerNode(
-        out_dir=ctx.out, worker=worker, plugin=ctx.plugin, docker_host=ctx.docker_host
+        out_dir=ctx.out,
+        worker=worker,
+        plugin=ctx.plugin,
+        docker_host=ctx.options_of(LocalOptions).docker_host,
     )
     with set_up(node) as node:
         yield node
+
+
+def plan_text(options: LocalOptions, plugin: PluginUnderTest) -> str:
+    """--dry-run: what a run on this target would start, make and remove."""
+    engine = options.docker_host or "a private dockerd with roots of its own, started for the run"
+    return machine_plan(
+        "--target local --runtime container",
+        plugin,
+        [
+            "a node root per worker as the process runtime's (plugin dir, tmpfs CDI dir, tmpfs "
+            "host-device view with a mknod kvm node)",
+            f"the Docker engine: {engine}",
+            f"the plugin: image {plugin.image or '(none)'}, as its profile's objects say "
+            "(command, args, env, mounts), the node's directories bound at its paths",
+            "the kubelet: the suite's emulator of the device plugin API",
+            "workloads: the suite's guest image under podman, its device injected through CDI",
+        ],
+        [
+            "the plugin container and every container, image and volume the run made removed; "
+            "a private engine stopped, its roots and mounts removed; each verified (the ledger)"
+        ],
+    )

@@ -14,6 +14,7 @@ from typing import Any
 
 from hvconform.contract import hostfacts, runcontext
 from hvconform.contract.preconditions import Found, Requirement, tool, version_of
+from hvconform.contract.target_options import LocalOptions
 from hvconform.manifests.chart import helm_requirement
 from hvconform.targets.container.engine import ping
 from hvconform.targets.local.preflight import local_requirements
@@ -39,7 +40,7 @@ def _external_engine(host: str) -> Requirement:
 def _docker_host() -> str:
     """The run's engine (--docker-host, in the run context); "" without a run: a private one."""
     try:
-        return runcontext.current().docker_host
+        return runcontext.current().options_of(LocalOptions).docker_host
     except (RuntimeError, OSError, ValueError):
         return ""
 

@@ -58,6 +58,7 @@ from hvconform.targets.local.faults import LocalFaults
 from hvconform.targets.local.hostfiles import device_metadata, mount, umount
 from hvconform.targets.local.liveness import kubelet_live
 from hvconform.targets.local.netns import free_index
+from hvconform.targets.local.plan import command_line, machine_plan
 from hvconform.targets.local.plugin_view import SandboxedPluginView
 from hvconform.targets.local.pods import LocalPods, LocalRuntime
 from hvconform.targets.local.reboot import LocalNodeFaults
@@ -354,3 +355,24 @@ def open_node(
     """The registry's entry: a local node for one worker, always torn down."""
     with set_up(LocalNode(out_dir=ctx.out, worker=worker, plugin=ctx.plugin)) as node:
         yield node
+
+
+def plan_text(options: Any, plugin: Any) -> str:
+    """--dry-run: what a run on this target would start, make and remove."""
+    return machine_plan(
+        "--target local --runtime process",
+        plugin,
+        [
+            "a node root per worker, /tmp/hvn-<worker>-*, bind-mounted rshared: the kubelet's "
+            "plugin dir, a tmpfs CDI dir (4 MiB) and a tmpfs host-device view (1 MiB) with a "
+            "kvm node made by mknod from /dev/kvm's numbers",
+            "the kubelet: the suite's emulator of the device plugin API, its socket in that "
+            "plugin dir",
+            f"the plugin: {command_line(plugin)}, in a sandbox (zero capabilities, "
+            "no_new_privs, its own mount and network namespaces), the node's directories bound "
+            "where its profile's paths say",
+            "workloads: the suite's guest as sandboxed processes, given what the CDI spec "
+            "declares for the device allocated",
+        ],
+        ["the plugin stopped, each mount and the node root removed, each verified (the ledger)"],
+    )

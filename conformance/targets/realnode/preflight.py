@@ -24,6 +24,7 @@ from hvconform.contract.preconditions import (
     version_of,
     version_tuple,
 )
+from hvconform.contract.target_options import NodeOptions
 from hvconform.targets.local.preflight import local_requirements
 from hvconform.targets.realnode import (
     API_PORT,
@@ -67,7 +68,7 @@ MAIN_MODULE = {"crictl": "sigs.k8s.io/cri-tools", "etcd": "go.etcd.io/etcd/serve
 def chosen_runtime() -> NodeRuntime:
     """The run's node runtime (--node-runtime, from its run context); the default outside one."""
     try:
-        name = runcontext.current().node_runtime
+        name = runcontext.current().options_of(NodeOptions).node_runtime
     except (RuntimeError, OSError, ValueError):
         name = ""
     return runtimes.runtime(name)
