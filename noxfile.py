@@ -352,7 +352,7 @@ def conformance_aks(session: nox.Session) -> None:
 
 @nox.session(name="node-deps", python=PYTHON)
 def node_deps(session: nox.Session) -> None:
-    """containerd 1.7.24 (CDI) from Debian trixie, pinned as node/README.md says, installed
+    """containerd 1.7.24 (CDI) from Debian trixie, pinned as gobuild/README.md says, installed
     through scripts/device-guard and verified; idempotent. `-- --dry-run` only simulates."""
     session.install("-e", ".")
     session.run("python", "-m", "hvconform.targets.realnode.deps", *session.posargs)

@@ -1,6 +1,6 @@
 """The tests' own session, as a run would: what a killed run (a test that SIGKILLs one) left of
 the host's /run/netns is released at the end, and said, so a leak is seen in CI's log and never
-outlives the tests (hvconform.targets.local.netns.release_stale_run_dir)."""
+outlives the tests (hvconform.targets.host.netns.release_stale_run_dir)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _no_run_settings_left() -> Iterator[None]:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput") or os.geteuid() != 0:
         return  # the controller only; without root no test made one
-    from hvconform.targets.local.netns import release_stale_run_dir
+    from hvconform.targets.host.netns import release_stale_run_dir
 
     if release_stale_run_dir():
         print("\nhvconform tests: released a /run/netns mount a killed run left on the host")

@@ -36,9 +36,9 @@ from hvconform.bench.waits import BenchTimeout, poll_until, wait_until, within
 from hvconform.contract.ledger import Ledger, process_ident, read_entries, survivors
 from hvconform.contract.plugin import PluginUnderTest, resolve
 from hvconform.kubelet import LoopThread, ThreadedKubeletEmulator
-from hvconform.targets.local.netns import NetNamespace, free_index
+from hvconform.targets.host.netns import NetNamespace, free_index
+from hvconform.targets.host.sandbox import PluginSandbox
 from hvconform.targets.local.observe import Observer
-from hvconform.targets.local.sandbox import PluginSandbox
 
 SETUP_S = 60.0
 STOP_S = 15.0

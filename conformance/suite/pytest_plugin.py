@@ -5,7 +5,7 @@ process without xdist) collects them, verifies cleanup across every worker's led
 results.json. Each phase's status and reason travel as typed fields (hvconform.suite.outcomes),
 never read back from pytest's text, so nothing skipped looks passed.
 The controller is also the run-level owner of what workers share on the host (/run/netns:
-hvconform.targets.local.netns.RunOwner): started before any worker, released once all ended.
+hvconform.targets.host.netns.RunOwner): started before any worker, released once all ended.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from hvconform.metadata.twophase import TwoPhase
 from hvconform.scenarios import BY_ID, CATALOGUE, CLEANUP, Check
 from hvconform.suite import environment, evidence, identity, outcomes, preflight, session_checks
 from hvconform.targets import TARGETS, open_target
-from hvconform.targets.local.netns import RunOwner
+from hvconform.targets.host.netns import RunOwner
 
 USER_PROP = "hv_check"
 # Preconditions: checked before the first check; an unmet one blocks every check.

@@ -18,7 +18,7 @@ READERS = {"cli.py", "cli_parser.py", "cli_inputs.py", "manifests/cli.py", "cont
 # path -> the variables read there, and why each is not something a user sets for a run.
 ALLOWED: dict[str, dict[str, str]] = {
     "contract/runcontext.py": {"ENV_CONTEXT": "the run hands its context's path to its workers"},
-    "targets/local/netns.py": {
+    "targets/host/netns.py": {
         "PYTEST_XDIST_WORKER": "pytest-xdist's worker id, for this worker's names",
         "OWNER_ENV": "the run owner's id, which the suite sets for its own children",
     },

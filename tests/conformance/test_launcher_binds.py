@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from hvconform.targets.local import binds
-from hvconform.targets.local.launcher import LAUNCHER
+from hvconform.targets.host import binds
+from hvconform.targets.host.launcher import LAUNCHER
 
 pytestmark = pytest.mark.root
 

@@ -125,7 +125,7 @@ def test_phases_before_the_original_snapshot_are_errors(node: Path) -> None:
 
 
 def test_agrees_with_the_local_target_metadata(node: Path) -> None:
-    from hvconform.targets.local.hostfiles import device_metadata
+    from hvconform.targets.host.hostfiles import device_metadata
 
     snap = snapshot(str(node)).to_json()
     expected = {**device_metadata(str(node)), "mode": f"{0o600:04o}"}

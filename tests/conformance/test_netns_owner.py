@@ -61,7 +61,7 @@ def role(argv: list[str]) -> None:
     """A process of the run inside the namespace: `owner LEDGER_DIR` (the controller) or
     `worker NAME LEDGER` (an xdist worker using /run/netns for one network namespace)."""
     from hvconform.contract.ledger import Ledger, read_entries
-    from hvconform.targets.local import netns
+    from hvconform.targets.host import netns
 
     if argv[0] == "owner":
         owner = netns.RunOwner()

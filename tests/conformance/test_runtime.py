@@ -20,7 +20,7 @@ import pytest
 from hvconform.contract.ledger import Ledger, read_entries, survivors
 from hvconform.contract.wait import wait_for
 from hvconform.guest.cdi_resolve import UnresolvableCDIDevice
-from hvconform.targets.local.procs import alive
+from hvconform.targets.host.procs import alive
 from hvconform.targets.local.runtime import (
     WorkloadStartError,
     guest_command,

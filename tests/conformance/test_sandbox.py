@@ -16,16 +16,16 @@ from typing import Any
 import pytest
 
 from hvconform.contract.ledger import Ledger, read_entries, survivors
-from hvconform.targets.local.launcher import LAUNCHER
-from hvconform.targets.local.netns import (
+from hvconform.targets.host.launcher import LAUNCHER
+from hvconform.targets.host.netns import (
     SHARED,
     IndexInUseError,
     NetNamespace,
     run_dir_shared,
     worker_index,
 )
-from hvconform.targets.local.procs import alive, mount_points
-from hvconform.targets.local.sandbox import PluginSandbox
+from hvconform.targets.host.procs import alive, mount_points
+from hvconform.targets.host.sandbox import PluginSandbox
 from tests.conformance.process_guard import children, no_leftover_processes  # noqa: F401
 
 KVM = "/dev/kvm"

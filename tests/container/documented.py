@@ -33,7 +33,7 @@ DOCS = (
     "CONTRIBUTING.md",
     "kind/README.md",
     "aks/README.md",
-    "node/README.md",
+    "gobuild/README.md",
     "charts/hv-device-plugin/README.md",
 )
 DOCKERFILES = ("plugin/Dockerfile", "images/guest/Dockerfile", "images/build/Dockerfile")

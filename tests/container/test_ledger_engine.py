@@ -84,7 +84,7 @@ def test_a_stopped_engine_leaves_no_mount_below_its_exec_root() -> None:
     import shutil
     import tempfile
 
-    from hvconform.targets.local.hostfiles import mounts_below
+    from hvconform.targets.host.hostfiles import mounts_below
 
     top = Path(tempfile.mkdtemp(prefix="hve-", dir="/run"))  # short: socket paths below it
     try:

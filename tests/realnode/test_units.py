@@ -47,7 +47,7 @@ def test_build_module_pins_every_staging_module_to_the_release() -> None:
 
 
 def test_committed_build_module_names_the_pinned_release() -> None:
-    text = (REPO / "node" / "build" / "go.mod").read_text()
+    text = (REPO / "gobuild" / "build" / "go.mod").read_text()
     assert f"require k8s.io/kubernetes {KUBERNETES_VERSION}" in text
     pins = [ln for ln in text.splitlines() if "=>" in ln]
     assert len(pins) > 20 and all(ln.endswith(STAGING_VERSION) for ln in pins)

@@ -140,7 +140,7 @@ def test_node_with_bookworms_containerd(tmp_path: Path) -> None:
     proc, data = blocked_run(tmp_path, ["--target", "node"], bin_dir=tmp_path / "bin")
     line = assert_blocked(proc, data, "containerd", "1.6.20~ds1")
     assert line.endswith(
-        "fix: nox -s node-deps (containerd 1.7.24 from Debian trixie, pinned; node/README.md)"
+        "fix: nox -s node-deps (containerd 1.7.24 from Debian trixie, pinned; gobuild/README.md)"
     )
     no_node_made(tmp_path)
 

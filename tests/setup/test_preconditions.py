@@ -161,7 +161,7 @@ def test_node_binaries_missing_or_another_version(tmp_path: Path, name: str) -> 
 def test_go_too_old(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     standin(tmp_path, "go", "go version go1.21.5 linux/amd64")
     monkeypatch.setenv("PATH", str(tmp_path))
-    req = hostfacts.go_toolchain(REPO / "node" / "build" / "go.mod", "building the node")
+    req = hostfacts.go_toolchain(REPO / "gobuild" / "build" / "go.mod", "building the node")
     assert_unmet(req.check(), "1.21.5", ">= 1.26.0",
                  "install Go >= 1.26.0 and put its bin directory on PATH")  # fmt: skip
 

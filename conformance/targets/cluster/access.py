@@ -366,7 +366,7 @@ class NodeFiles:
         self.sh("replace-char", self._path(area, name), str(major), str(minor))
 
     def device_metadata(self, path: str) -> dict[str, int | str]:
-        """What the two-phase check compares, as hvconform.targets.local.hostfiles reports it."""
+        """What the two-phase check compares, as hvconform.targets.host.hostfiles reports it."""
         info = self.stat_path(path)
         if info is None:
             return {"type": "missing"}

@@ -24,8 +24,8 @@ from pathlib import Path
 import docker
 
 from hvconform.contract.ledger import Ledger
-from hvconform.targets.local.hostfiles import mounts_below, umount
-from hvconform.targets.local.procs import alive
+from hvconform.targets.host.hostfiles import mounts_below, umount
+from hvconform.targets.host.procs import alive
 
 DATA_ROOT = Path(os.environ.get("HV_DOCKER_DATA_ROOT", "/var/lib/hv-docker"))
 EXEC_ROOT = Path(os.environ.get("HV_DOCKER_EXEC_ROOT", "/run/hv-docker"))

@@ -38,7 +38,7 @@ from hvconform.contract.ledger import Ledger
 from hvconform.targets.container import nsops
 from hvconform.targets.container.engine import DATA_ROOT
 from hvconform.targets.container.spec import ContainerSpec
-from hvconform.targets.local.procs import mount_points, proc_status
+from hvconform.targets.host.procs import mount_points, proc_status
 
 # TESTCONTAINERS_RYUK_DISABLED=true, forced rather than defaulted: the reaper is an image that
 # would be pulled from a registry, and none exists here.

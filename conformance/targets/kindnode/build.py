@@ -2,7 +2,7 @@
 
 - kind: `go install sigs.k8s.io/kind@KIND_VERSION` into CACHE/gobin (what a run uses when no
   kind is on PATH).
-- kubeadm, kubectl, kube-proxy: node/build (the pinned k8s.io/kubernetes module), copied to
+- kubeadm, kubectl, kube-proxy: gobuild/build (the pinned k8s.io/kubernetes module), copied to
   CACHE/src/build, the same version stamps as the node target's components.
 - etcd ETCD_VERSION (kubeadm's etcd image of the release), coredns COREDNS_VERSION.
 The node target's own builds (kubelet, the control plane, crictl, pause, CNI plugins) are read
@@ -74,7 +74,7 @@ def _module_dir(name: str) -> Path:
     dst = CACHE / "src" / name
     dst.mkdir(parents=True, exist_ok=True)
     if name == "build":
-        for f in (REPO / "node" / "build").iterdir():
+        for f in (REPO / "gobuild" / "build").iterdir():
             if f.is_file() and (
                 not (dst / f.name).exists() or (dst / f.name).read_bytes() != f.read_bytes()
             ):

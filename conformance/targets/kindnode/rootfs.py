@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from hvconform.targets.host.hostfiles import mounts_below
 from hvconform.targets.kindnode import CACHE, CONTAINERD_DEB, RECIPE
-from hvconform.targets.local.hostfiles import mounts_below
 from hvconform.targets.realnode import KUBERNETES_VERSION
 from hvconform.targets.realnode.deps import _apt, private_apt
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hvconform.kubelet import ThreadedKubeletEmulator
-    from hvconform.targets.local.sandbox import PluginSandbox
+    from hvconform.targets.host.sandbox import PluginSandbox
 
 
 class LocalEvidence:

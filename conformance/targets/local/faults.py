@@ -14,8 +14,8 @@ from pathlib import Path
 
 from hvconform.contract.node import Area
 from hvconform.contract.plugin import PluginUnderTest
-from hvconform.targets.local.hostfiles import HostFiles, umount
-from hvconform.targets.local.sandbox import PluginSandbox
+from hvconform.targets.host.hostfiles import HostFiles, umount
+from hvconform.targets.host.sandbox import PluginSandbox
 
 
 class LocalFaults(HostFiles):

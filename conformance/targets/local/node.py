@@ -52,17 +52,17 @@ from hvconform.contract.runcontext import RunContext
 from hvconform.contract.wait import wait_for
 from hvconform.kubelet import ThreadedKubeletEmulator
 from hvconform.kubelet.accounting import EventKind
+from hvconform.targets.host.hostfiles import device_metadata, mount, umount
+from hvconform.targets.host.netns import free_index
+from hvconform.targets.host.sandbox import PluginSandbox
 from hvconform.targets.local.baseline import BaselineRestore
 from hvconform.targets.local.evidence import LocalEvidence
 from hvconform.targets.local.faults import LocalFaults
-from hvconform.targets.local.hostfiles import device_metadata, mount, umount
 from hvconform.targets.local.liveness import kubelet_live
-from hvconform.targets.local.netns import free_index
 from hvconform.targets.local.plan import command_line, machine_plan
 from hvconform.targets.local.plugin_view import SandboxedPluginView
 from hvconform.targets.local.pods import LocalPods, LocalRuntime
 from hvconform.targets.local.reboot import LocalNodeFaults
-from hvconform.targets.local.sandbox import PluginSandbox
 from hvconform.targets.local.workloads import LocalWorkloads
 
 HEALTH_PORT = 8080

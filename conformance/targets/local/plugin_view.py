@@ -11,8 +11,8 @@ from pathlib import Path
 
 from hvconform.contract.plugin import PluginUnderTest, Probe
 from hvconform.contract.ran import PluginRan
+from hvconform.targets.host.sandbox import PluginSandbox
 from hvconform.targets.local.observe import Observer
-from hvconform.targets.local.sandbox import PluginSandbox
 
 
 class SandboxedPluginView:

@@ -21,8 +21,8 @@ from pathlib import Path
 from hvconform.contract.node import Area
 from hvconform.contract.plugin import PluginUnderTest
 from hvconform.kubelet import ThreadedKubeletEmulator
+from hvconform.targets.host.sandbox import PluginSandbox
 from hvconform.targets.local.pods import kill_guests, null_node, real_kvm_numbers
-from hvconform.targets.local.sandbox import PluginSandbox
 
 DEVICE = "/dev/kvm"
 

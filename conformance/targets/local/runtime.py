@@ -42,8 +42,8 @@ from hvconform.contract.ledger import Ledger
 from hvconform.contract.node import DeviceSpec
 from hvconform.guest.cdi_resolve import CDIRegistry, DeviceNode, ResolvedDevice
 from hvconform.guest.privileges import NOBODY
-from hvconform.targets.local.launcher import LAUNCHER, NodeSpec
-from hvconform.targets.local.procs import read_handshake
+from hvconform.targets.host.launcher import LAUNCHER, NodeSpec
+from hvconform.targets.host.procs import read_handshake
 from hvconform.targets.local.workload_program import STAGE, Program, choose_python
 
 BASE_DEVS = "null,zero,urandom"

@@ -1,13 +1,13 @@
 """`nox -s node-build`: the node's components from published Go modules, cached under CACHE.
 
 - kubelet, kube-apiserver, kube-scheduler, kube-controller-manager: the published
-  k8s.io/kubernetes module of KUBERNETES_VERSION, through the build module in node/build (its
+  k8s.io/kubernetes module of KUBERNETES_VERSION, through the build module in gobuild/build (its
   staging modules pinned to the same release; `--pin` rewrites it from the release's go.mod).
-- etcd: the published go.etcd.io/etcd/server/v3 module (node/build/etcd).
+- etcd: the published go.etcd.io/etcd/server/v3 module (gobuild/build/etcd).
 - crictl: `go install sigs.k8s.io/cri-tools/cmd/crictl@CRICTL_VERSION`.
 - cni: ptp, host-local and loopback from github.com/containernetworking/plugins@CNI_VERSION
   into BIN/cni (pod networks of the cluster-mode nodes, `node-up --nodes N`).
-- pause: node/pause, a tiny static binary for the locally made sandbox image (see `image`).
+- pause: gobuild/pause, a tiny static binary for the locally made sandbox image (see `image`).
 - containerd2, runc (not built by default: `node-build -- containerd2 runc`): containerd
   CONTAINERD2_VERSION (containerd and its runc shim, github.com/containerd/containerd/v2) and
   runc RUNC_VERSION (cgo: its nsexec is C; with seccomp, which containerd 2.x's default
@@ -46,7 +46,7 @@ from hvconform.targets.realnode import (
     STAGING_VERSION,
 )
 
-BUILD_MODULES = REPO / "node"
+BUILD_MODULES = REPO / "gobuild"
 STAMPS = CACHE / "stamps"
 KUBE_COMPONENTS = ("kubelet", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
 ALL_COMPONENTS = (*KUBE_COMPONENTS, "etcd", "crictl", "pause", "cni")
@@ -111,7 +111,7 @@ def render_build_module(release_go_mod: str) -> str:
 
 
 def pin() -> None:
-    """Rewrite node/build/go.mod from the go.mod of the release, read from the module cache."""
+    """Rewrite gobuild/build/go.mod from the go.mod of the release, read from the module cache."""
     out = subprocess.run(
         ["go", "mod", "download", "-json", f"k8s.io/kubernetes@{KUBERNETES_VERSION}"],
         check=True,
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="node-build", description=__doc__.splitlines()[0])
     parser.add_argument("components", nargs="*", default=list(ALL_COMPONENTS))
     parser.add_argument("--force", action="store_true", help="rebuild even when cached")
-    parser.add_argument("--pin", action="store_true", help="rewrite node/build/go.mod first")
+    parser.add_argument("--pin", action="store_true", help="rewrite gobuild/build/go.mod first")
     args = parser.parse_args(argv)
     if shutil.which("go") is None:
         print("node-build: no `go` on PATH", file=sys.stderr)

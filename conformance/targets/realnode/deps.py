@@ -1,7 +1,7 @@
 """`nox -s node-deps`: the host packages the real node needs, installed idempotently.
 
 containerd with CDI needs 1.7+, and bookworm has 1.6.20. So containerd comes from Debian trixie,
-pinned (node/README.md): a sources file for trixie, and preferences that give every trixie
+pinned (gobuild/README.md): a sources file for trixie, and preferences that give every trixie
 package priority 1 (never chosen on its own) and containerd 990 (chosen). Steps:
 
 1. Write the two apt files when their content differs (nothing else in /etc/apt is touched).

@@ -56,7 +56,7 @@ from hvconform.contract.ledger import make_dirs, remove_made_dirs
 from hvconform.contract.node import PodView
 from hvconform.contract.plugin import PluginUnderTest
 from hvconform.contract.results import EnvironmentBlocked
-from hvconform.targets.local.sandbox import PluginSandbox
+from hvconform.targets.host.sandbox import PluginSandbox
 from hvconform.targets.realnode import API_PORT, KUBELET_ROOT, NODE_NAME, procs, stack
 from hvconform.targets.realnode.api_relay import ApiRelay
 from hvconform.targets.realnode.configs import NAMESPACE, PKI

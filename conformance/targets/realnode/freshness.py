@@ -18,7 +18,7 @@ from typing import Any
 from hvconform.contract.node import Area
 from hvconform.contract.quantity import quantity
 from hvconform.contract.wait import wait_for
-from hvconform.targets.local.hostfiles import HostFiles
+from hvconform.targets.host.hostfiles import HostFiles
 from hvconform.targets.realnode import NODE_NAME
 from hvconform.targets.realnode.kubeapi import Api
 

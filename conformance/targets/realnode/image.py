@@ -1,6 +1,6 @@
 """The node's only container image, made offline: no registry is ever contacted.
 
-An OCI image layout tar holding one layer: the locally built static `pause` binary (node/pause),
+An OCI image layout tar holding one layer: the locally built static `pause` binary (gobuild/pause),
 empty mount points and the merged-/usr symlinks (bin, lib, lib64, sbin -> usr/...). Pod sandboxes
 run /pause; workload containers run the host's /usr/bin/python3 from a read-only hostPath of
 /usr, with the repository mounted read-only for the stdlib-only guest (hvconform.guest).

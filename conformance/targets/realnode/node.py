@@ -43,7 +43,7 @@ from hvconform.contract.results import EnvironmentBlocked
 from hvconform.contract.runtime_facts import RuntimeFacts, runtime_side
 from hvconform.contract.wait import WaitExpired, wait_for
 from hvconform.guest.cdi_resolve import resolve
-from hvconform.targets.local.hostfiles import device_metadata, mount, umount
+from hvconform.targets.host.hostfiles import device_metadata, mount, umount
 from hvconform.targets.local.liveness import kubelet_live
 from hvconform.targets.local.node import BASE_CAPABILITIES
 from hvconform.targets.realnode import (

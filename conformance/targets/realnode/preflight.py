@@ -181,7 +181,7 @@ def preconditions(target: str = "node", runtime: str = "process") -> list[Requir
     if any(not (BIN / name).exists() for name in (*BUILT, "pause")):
         needs.append(
             hostfacts.go_toolchain(
-                REPO / "node" / "build" / "go.mod", "building the node (node-build)"
+                REPO / "gobuild" / "build" / "go.mod", "building the node (node-build)"
             )
         )
     needs += [built(name) for name in BUILT]

@@ -38,8 +38,8 @@ from hv_device_plugin.api.wire import KUBELET_SOCKET
 from hvconform.contract.node import Area, NodeEvent
 from hvconform.contract.plugin import PluginUnderTest
 from hvconform.contract.wait import WaitExpired, wait_for
+from hvconform.targets.host.sandbox import PluginSandbox
 from hvconform.targets.local.pods import null_node, real_kvm_numbers
-from hvconform.targets.local.sandbox import PluginSandbox
 from hvconform.targets.realnode import PLUGIN_DIR, procs, stack
 from hvconform.targets.realnode.events import NodeEventLog
 from hvconform.targets.realnode.kubeapi import Api

@@ -62,7 +62,7 @@ RUNTIMES: dict[str, NodeRuntime] = {
         "Debian trixie's containerd 1.7.24 and runc (pinned), config version 2",
         None,
         2,
-        "nox -s node-deps (containerd 1.7.24 from Debian trixie, pinned; node/README.md)",
+        "nox -s node-deps (containerd 1.7.24 from Debian trixie, pinned; gobuild/README.md)",
     ),
     "containerd-2.3": NodeRuntime(
         "containerd-2.3",

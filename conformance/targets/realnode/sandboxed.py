@@ -24,14 +24,14 @@ from hvconform.contract.node import CAP_LIVENESS, CAP_READINESS
 from hvconform.contract.plugin import PluginUnderTest
 from hvconform.contract.ran import PluginRan
 from hvconform.contract.wait import wait_for
-from hvconform.targets.local import binds as binds_mod
+from hvconform.targets.host import binds as binds_mod
+from hvconform.targets.host.hostfiles import mount, umount
+from hvconform.targets.host.launcher import LAUNCHER
+from hvconform.targets.host.netns import free_index
+from hvconform.targets.host.sandbox import PluginSandbox
 from hvconform.targets.local.faults import LocalFaults
-from hvconform.targets.local.hostfiles import mount, umount
-from hvconform.targets.local.launcher import LAUNCHER
-from hvconform.targets.local.netns import free_index
 from hvconform.targets.local.observe import Observer
 from hvconform.targets.local.plugin_view import SandboxedPluginView
-from hvconform.targets.local.sandbox import PluginSandbox
 from hvconform.targets.realnode import CDI_DIR, HOST_DEV, NODE_NAME, PLUGIN_DIR, RUN, procs
 from hvconform.targets.realnode.freshness import FreshStatus
 

@@ -1,6 +1,6 @@
 """Process and namespace inspection shared by the local and container families (stdlib only).
 
-`python -m hvconform.targets.local.launcher` must not pull in pyroute2 or grpc, so these
+`python -m hvconform.targets.host.launcher` must not pull in pyroute2 or grpc, so these
 helpers import nothing outside the standard library; the harness-side `read_handshake` pairs
 with the launcher's --exec-fd.
 """

@@ -1,6 +1,6 @@
 """Enter namespaces, build a private /dev, drop privileges, then exec a plugin or a workload.
 
-Usage: `python -m hvconform.targets.local.launcher [options] -- ARGV...`. Standard library only and
+Usage: `python -m hvconform.targets.host.launcher [options] -- ARGV...`. Standard library only and
 free of package imports, so the harness can also run it by file path (`python -I launcher.py`)
 with nothing on sys.path. Steps, in order: join `/run/netns/NAME` (--netns) or a fresh empty
 network namespace with lo up (--unshare-net); a private mount namespace with `/` recursively
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from hvconform.targets.local import binds, launch_args
+    from hvconform.targets.host import binds, launch_args
 except ImportError:  # run by file path (python -I launcher.py): load the siblings by path
     import importlib.util
 

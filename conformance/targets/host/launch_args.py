@@ -78,7 +78,7 @@ def _bind_arg(text: str) -> tuple[str, str]:
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     """Options of the launcher; ARGV follows `--`."""
     p = argparse.ArgumentParser(
-        prog="python -m hvconform.targets.local.launcher",
+        prog="python -m hvconform.targets.host.launcher",
         description=description,
     )
     net = p.add_mutually_exclusive_group()

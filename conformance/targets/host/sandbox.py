@@ -24,10 +24,10 @@ from pathlib import Path
 from types import TracebackType
 
 from hvconform.contract.ledger import Ledger
-from hvconform.targets.local import binds as binds_mod
-from hvconform.targets.local import launcher
-from hvconform.targets.local.netns import NetNamespace
-from hvconform.targets.local.procs import (
+from hvconform.targets.host import binds as binds_mod
+from hvconform.targets.host import launcher
+from hvconform.targets.host.netns import NetNamespace
+from hvconform.targets.host.procs import (
     mount_points,
     namespace_members,
     proc_status,
