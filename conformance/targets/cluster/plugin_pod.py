@@ -386,9 +386,14 @@ class PluginPod(InsideFaults, NodeBase):
 
     def container_runtime(self) -> RuntimeFacts:
         """The node's runtime as its daemon says it runs, through CRI on the node (the suite
-        records it per node)."""
-        output = self._node(["sh", "-c", CRICTL_SNIPPET + CRICTL_FACTS])
-        return from_output(output, f"crictl on node {self.access.where}")
+        records it per node). Asked once per node: the setup's CDI check and the run's record
+        share the answer (each is a command through the node access route)."""
+        facts: RuntimeFacts | None = self.__dict__.get("_runtime_facts")
+        if facts is None:
+            output = self._node(["sh", "-c", CRICTL_SNIPPET + CRICTL_FACTS])
+            facts = from_output(output, f"crictl on node {self.access.where}")
+            self.__dict__["_runtime_facts"] = facts
+        return facts
 
     def plugin_ran(self) -> PluginRan:
         """What runs as the plugin, read back from its pod: the spec's image, command and args,

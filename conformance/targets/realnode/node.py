@@ -206,8 +206,12 @@ class RealNode(RealRestore, SandboxedPlugin, RealPods, RealNodeFaults):
         return self.plugin_ready() if self.readiness.observable else self.allocatable() > 0
 
     def container_runtime(self) -> RuntimeFacts:
-        """The node's runtime as its daemon says it runs (the suite records it per node)."""
-        return stack.runtime_facts()
+        """The node's runtime as its daemon says it runs (the suite records it per node). Asked
+        once per node: the setup's CDI check and the run's record share the answer."""
+        facts: RuntimeFacts | None = self.__dict__.get("_runtime_facts")
+        if facts is None:
+            facts = self.__dict__["_runtime_facts"] = stack.runtime_facts()
+        return facts
 
     def plugin_live(self) -> bool:
         """As the kubelet judges it (local/liveness.py): the process runs and its liveness
