@@ -1,22 +1,25 @@
-"""The target registry: every target by name, and the module that implements it.
+"""The target registry: every target by name, the modules that implement it, and its traits.
 
 Standard library only, and the only place that knows which family implements which target (the
 Kubernetes e2e provider registry is the model): a family module is imported by name when its
 target is chosen, so families never import each other through the registry, and adding a target
-is one entry here plus its module. Each family module exposes
+is one entry here plus its modules. Each family module exposes
 
     open_node(ctx, *, worker, metadata) -> context manager yielding a Node
+    plan_text(options, plugin) -> what `--dry-run` prints (it executes nothing)
 
 where ctx is the run's RunContext (hvconform.contract.runcontext): the plugin under test, the
-out dir and the target's options, validated once by the CLI; a family reads nothing else,
-
-and cluster families (created and deleted by the suite) also `build_plan(options, objects)` and
-`plan_text(options)` for `--dry-run`. Next to each family module, a `preflight` module gives the
-suite `preconditions(target, runtime)` (checked before the first check) and
+out dir and the target's typed options, validated once by the CLI; a family reads nothing else.
+Cluster families (created and deleted by the suite) also give `build_plan(options, objects)`
+and may give `check_options(options)`, their own option rules. Each target's options module
+(Target.options) adds its flags in a group named after it (`add_options(parser, env)`) and
+builds its typed options from them (`options(ns, inputs)`); the CLI, its parser and the pytest
+plugin name no target. Next to each family module, a `preflight` module gives the suite
+`preconditions(target, runtime)` (checked before the first check) and
 `environment(target, runtime)` (what the run ran on): see `preflight()`. Families by folder:
 `local/` (processes on this machine, the kubelet emulator), `container/` (the plugin under
 Docker, workloads under podman), `cluster/` (anything with an API server: an existing cluster,
-kind, AKS), `realnode/` (a real kubelet on this machine).
+kind, AKS), `realnode/` (a real kubelet on this machine); `host/` is the toolkit they share.
 """
 
 from __future__ import annotations
