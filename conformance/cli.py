@@ -166,8 +166,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
     except (Unhonoured, ValueError) as exc:  # the profile's objects cannot be rendered
         print(f"hvconform: {str(exc).splitlines()[0][:300]}", file=sys.stderr)
         return inputs.EXIT_BAD_INPUT
-    if code is not None or options is None:
-        return 2 if code is None else code
+    if options is None:  # refused, or --dry-run printed its plan
+        return inputs.EXIT_BAD_INPUT if code is None else code
     cluster = options if isinstance(options, ClusterOptions) else None
     if TARGETS[ns.target].serial:
         ns.workers = "0"  # a cluster per run, one real node per machine

@@ -12,7 +12,8 @@ where ctx is the run's RunContext (hvconform.contract.runcontext): the plugin un
 out dir and the target's typed options, validated once by the CLI; a family reads nothing else.
 Cluster families (created and deleted by the suite) also give `build_plan(options, objects)`
 and may give `check_options(options)`, their own option rules. Each target's options module
-(Target.options) adds its flags in a group named after it (`add_options(parser, env)`) and
+(Target.options) adds its flags in groups named after the targets they belong to
+(`add_options(group_for, env)`) and
 builds its typed options from them (`options(ns, inputs)`); the CLI, its parser and the pytest
 plugin name no target. Next to each family module, a `preflight` module gives the suite
 `preconditions(target, runtime)` (checked before the first check) and
@@ -53,7 +54,7 @@ class Target:
     # so deleting it can never remove someone else's install. A throwaway cluster may use the
     # chart's own.
     plugin_namespace: str = ""
-    # The module owning its flags and their typed object: `add_options(parser, env)` and
+    # The module owning its flags and their typed object: `add_options(group_for, env)` and
     # `options(ns, inputs)`; targets of one family share it.
     options: str = "hvconform.targets.local.options"
     dra: bool = False  # it has a DRA node: it judges DRA drivers too
@@ -116,31 +117,39 @@ TARGETS: dict[str, Target] = {
 RUNTIMES: tuple[str, ...] = ("process", *RUNTIME_MODULES)
 
 
-# Which flags each options module added (dest, the flag users type, its default), in order.
-_FLAGS: dict[str, list[tuple[str, str, Any]]] = {}
+# Each group of flags and the targets it belongs to, as the options modules made them.
+_GROUPS: list[tuple[frozenset[str], argparse._ArgumentGroup]] = []
+GroupFor = Callable[..., "argparse._ArgumentGroup"]
 
 
 def add_options(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """Every target's own flags, each family's once, in its own groups (--help shows whose);
-    `env` is the environment the CLI read once, for the flags' defaults."""
+    """Every target's own flags, each family's once, in groups named after the targets they
+    belong to (--help shows whose); `env` is the environment the CLI read once, for the flags'
+    defaults. A family asks `group(name, ...)` for each group of its flags."""
+
+    def group(*names: str) -> argparse._ArgumentGroup:
+        unknown = [n for n in names if n not in TARGETS]
+        if unknown:
+            raise UnknownTarget(f"flags for unknown target(s) {unknown}")
+        said = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+        made = parser.add_argument_group(f"--target {said}")
+        _GROUPS.append((frozenset(names), made))
+        return made
+
+    _GROUPS.clear()  # the groups of the parser built last: the one the CLI parses with
     for module_name in dict.fromkeys(t.options for t in TARGETS.values()):
-        before = len(parser._actions)
-        importlib.import_module(module_name).add_options(parser, env)
-        _FLAGS[module_name] = [
-            (a.dest, a.option_strings[0], a.default) for a in parser._actions[before:]
-        ]
+        importlib.import_module(module_name).add_options(group, env)
 
 
 def foreign_flags(name: str, ns: argparse.Namespace) -> list[str]:
-    """The flags set on the command line (or by their environment variable) that belong to
-    other targets than `name`: a run refuses them rather than ignore them."""
-    own = TARGETS[name].options
+    """The flags set on the command line (or by their environment variable) that belong only
+    to other targets than `name`: a run refuses them rather than ignore them."""
     return [
-        flag
-        for module_name, flags in _FLAGS.items()
-        if module_name != own
-        for dest, flag, default in flags
-        if getattr(ns, dest, default) != default
+        action.option_strings[0]
+        for owners, made in _GROUPS
+        if name not in owners
+        for action in made._group_actions
+        if getattr(ns, action.dest, action.default) != action.default
     ]
 
 

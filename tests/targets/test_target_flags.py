@@ -72,6 +72,12 @@ def test_a_flag_of_another_target_is_named() -> None:
         (("--target", "node", "--kubeconfig", "k"), "--kubeconfig"),
         (("--target", "kind", "--node-runtime", "containerd-2.3"), "--node-runtime"),
         (("--target", "local", "--cluster-name", "x"), "--cluster-name"),
+        # the cluster targets share one options module, yet each owns its own group
+        (("--target", "kind", "--kubeconfig", "k"), "--kubeconfig"),
+        (
+            ("--target", "aks", "--resource-group", "g", "--cluster", "c", "--all-nodes"),
+            "--all-nodes",
+        ),
     ],
 )
 def test_a_run_refuses_a_flag_of_another_target(

@@ -15,14 +15,14 @@ from pathlib import Path
 from hv_device_plugin.api.names import default_guest_image
 from hvconform.contract.args import image_arg, values_file_arg, values_key_arg
 from hvconform.contract.cluster_options import HYPERVISORS, NODE_ACCESS, ClusterOptions
-from hvconform.targets import OptionInputs
+from hvconform.targets import GroupFor, OptionInputs
 
 
-def add_options(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    _shared(parser.add_argument_group("--target kind, cluster or aks"), env)
-    _kind(parser.add_argument_group("--target kind"), env)
-    _existing(parser.add_argument_group("--target cluster"))
-    _aks(parser.add_argument_group("--target aks"))
+def add_options(group_for: GroupFor, env: Mapping[str, str]) -> None:
+    _shared(group_for("kind", "cluster", "aks"), env)
+    _kind(group_for("kind"), env)
+    _existing(group_for("cluster"))
+    _aks(group_for("aks"))
 
 
 def options(ns: argparse.Namespace, inputs: OptionInputs) -> ClusterOptions:

@@ -11,11 +11,11 @@ from collections.abc import Mapping
 
 from hvconform.contract.args import docker_host_arg
 from hvconform.contract.target_options import LocalOptions
-from hvconform.targets import RUNTIMES, OptionInputs
+from hvconform.targets import RUNTIMES, GroupFor, OptionInputs
 
 
-def add_options(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    group = parser.add_argument_group("--target local")
+def add_options(group_for: GroupFor, env: Mapping[str, str]) -> None:
+    group = group_for("local")
     group.add_argument(
         "--runtime",
         choices=RUNTIMES,

@@ -10,12 +10,12 @@ import argparse
 from collections.abc import Mapping
 
 from hvconform.contract.target_options import NodeOptions
-from hvconform.targets import OptionInputs
+from hvconform.targets import GroupFor, OptionInputs
 from hvconform.targets.realnode.runtimes import RUNTIMES
 
 
-def add_options(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    group = parser.add_argument_group("--target node")
+def add_options(group_for: GroupFor, env: Mapping[str, str]) -> None:
+    group = group_for("node")
     group.add_argument(
         "--node-runtime",
         choices=list(RUNTIMES),
