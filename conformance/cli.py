@@ -22,7 +22,7 @@ from hvconform.contract.plugin import resolve as resolve_plugin
 from hvconform.contract.preconditions import EXIT_ENVIRONMENT_BLOCKED
 from hvconform.contract.results import EnvironmentBlocked
 from hvconform.contract.runcontext import ENV_CONTEXT, RunContext, TargetOptions
-from hvconform.scenarios import CATALOGUE, CLEANUP
+from hvconform.scenarios import CATALOGUE, CLEANUP, VALIDATE_MARK
 from hvconform.targets import (
     TARGETS,
     OptionInputs,
@@ -133,6 +133,14 @@ def _load_run_results(results: Path) -> dict[str, Any] | None:
         return None
 
 
+def _selection(mode: str, markexpr: str) -> str:
+    """The marker expression pytest selects with: the user's, within the validate subset in
+    validate mode (the catalogue rows' own field, carried as their mark)."""
+    if mode != "validate":
+        return markexpr
+    return f"{VALIDATE_MARK} and ({markexpr})" if markexpr else VALIDATE_MARK
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     problem = _input_problem(ns)
     if problem:
@@ -186,6 +194,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         recovery_timeout_s=ns.recovery_timeout,
         markexpr=ns.markexpr,
         workers=str(ns.workers),
+        mode=ns.mode,
         # the target's own options, typed: read from its flags (or their environment
         # variables) here, once; the target reads them from the context
         options=options,
@@ -211,8 +220,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         "-rfEs",  # failures, errors and skips summarised; passes are the progress lines already
     ]
     print(f"hvconform: plugin under test: {plugin.name} ({plugin.source})", flush=True)
-    if ns.markexpr:
-        args += ["-m", ns.markexpr]
+    if selection := _selection(ns.mode, ns.markexpr):
+        args += ["-m", selection]
     if ns.workers not in ("", "0"):
         args += ["-n", ns.workers, "--dist", "loadfile"]
     args += ns.pytest_args

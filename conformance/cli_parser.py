@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable, Mapping
 
 from hvconform import cli_inputs as inputs
+from hvconform.contract.runcontext import MODES
 from hvconform.scenarios import CATALOGUE, CLEANUP
 from hvconform.targets import TARGETS, add_options
 
@@ -77,6 +78,15 @@ def build_parser(
         default="",
         help="pytest marker expression choosing checks (e.g. 'cdi or identity')",
     )
+    run.add_argument(
+        "--mode",
+        choices=MODES,
+        default="full",
+        help="full: the whole catalogue, faults included, on a node the run may disturb; "
+        "validate: only the checks that disturb nothing on a serving node (the catalogue's "
+        "validate column: no fault, nothing of the plugin's written, one free slot taken for "
+        "one guest and given back)",
+    )
     run.add_argument("--out", default="", help="results dir (default reports/<run-id>)")
     run.add_argument(
         "--plugin-profile",
@@ -118,11 +128,14 @@ Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], Non
 def _subcommands() -> list[Register]:
     """Each further subcommand lives in its own module and adds itself (func = its runner)."""
     from hvconform.bench.cli import register as bench_register
+    from hvconform.fleet.cli import register as fleet_register
     from hvconform.manifests.cli import register as manifests_register
     from hvconform.metadata.cli import register as metadata_register
     from hvconform.profile_tool.cli import register as profile_register
     from hvconform.report.cli import register as report_register
     from hvconform.report.compare import register as compare_register
+    from hvconform.sonobuoy.node import register as sonobuoy_node_register
+    from hvconform.sonobuoy.plugin import register as sonobuoy_plugin_register
     from hvconform.targets.cluster.sweep import register as cleanup_register
 
     registers: list[Register] = [
@@ -130,6 +143,9 @@ def _subcommands() -> list[Register]:
         metadata_register,
         report_register,
         compare_register,
+        fleet_register,
+        sonobuoy_plugin_register,
+        sonobuoy_node_register,
         bench_register,
         cleanup_register,
         profile_register,

@@ -22,7 +22,11 @@ HYPERVISORS = ("kvm", "mshv")
 # node, or a single-node cluster); "cluster" the controller's part (deploy once for all, delete
 # once); "node" one node's own checks beside the others' (hvconform.cluster_nodes).
 SCOPES = ("", "cluster", "node")
-NODE_ACCESS = ("pod", "direct")
+# --deployed NAMESPACE/DAEMONSET: a namespace name and an object name, as the API accepts them
+DEPLOYED = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9]([-.a-z0-9]{0,251}[a-z0-9])?")
+# "pod": a diagnostic pod + nsenter (as on AKS); "direct": the node runs on this machine;
+# "host-pid": the suite itself runs in a privileged hostPID pod on the node it judges
+NODE_ACCESS = ("pod", "direct", "host-pid")
 NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 # The repository's layout of the suite's data (kind/cluster.yaml): the checkout, or the wheel's copy.
 REPO_ROOT = data_root()
@@ -59,6 +63,9 @@ class ClusterOptions:
     # node-reboot removes every pod sandbox of the node: on a cluster the run did not create,
     # only when the user opts in (--allow-node-reboot); kind's and AKS's own nodes always
     allow_node_reboot: bool = False
+    # the full catalogue from the node's own pod (--node-access host-pid) on a node that is not
+    # cordoned: refused unless the operator opts in (the node's workloads would see the faults)
+    allow_disruption: bool = False
     # Which of the profile's per-target values (or manifests) to render: its own key for a
     # cluster of another kind (openshift, k3s, ...); empty: the target's (-mshv for MSHV).
     values_for: str = ""
@@ -77,6 +84,12 @@ class ClusterOptions:
     delete_timeout: float = 300.0
     poll_interval: float = 1.0
     scope: str = ""  # one of SCOPES
+    # the run's mode (RunContext.mode, copied by cluster_options, never a flag of its own):
+    # "validate" sets the node up without writing anything of the plugin's
+    mode: str = "full"
+    # a plugin already deployed ("NAMESPACE/DAEMONSET"): judged as it runs, never applied,
+    # restarted nor deleted (validate mode only)
+    deployed: str = ""
 
     @property
     def plugin_namespace(self) -> str:
@@ -126,7 +139,16 @@ class ClusterOptions:
         if self.scope not in SCOPES:
             raise ValueError(f"scope must be one of {SCOPES}, got {self.scope!r}")
         if self.node_access not in NODE_ACCESS:
-            raise ValueError(f"--node-access must be pod or direct, got {self.node_access!r}")
+            raise ValueError(
+                f"--node-access must be one of {', '.join(NODE_ACCESS)}, got {self.node_access!r}"
+            )
+        if self.deployed and self.mode != "validate":
+            raise ValueError(
+                "--deployed judges a serving plugin: only with --mode validate (a full run "
+                "restarts and faults the plugin it deploys itself)"
+            )
+        if self.deployed and not DEPLOYED.fullmatch(self.deployed):
+            raise ValueError(f"--deployed {self.deployed!r}: want NAMESPACE/DAEMONSET")
         return self
 
     def to_json(self) -> dict[str, Any]:

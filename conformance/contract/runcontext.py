@@ -27,6 +27,10 @@ FILE_NAME = "run-context.json"
 # controller's environment; the path, not the inputs, travels there).
 ENV_CONTEXT = "HV_RUN_CONTEXT"
 SCHEMA = 2
+# What a run may do to its node: "full", the whole catalogue (faults included) on a node the run
+# may disturb; "validate", only the rows whose `validate` field is set, and a target that then
+# disturbs nothing (scenarios.validate says what that subset reads).
+MODES = ("full", "validate")
 _O = TypeVar("_O", LocalOptions, NodeOptions, ClusterOptions)
 # The chosen target's own options, typed: one object per run, of its family's class.
 TargetOptions = LocalOptions | NodeOptions | ClusterOptions
@@ -44,6 +48,7 @@ class RunContext:
     recovery_timeout_s: float = 60.0
     markexpr: str = ""
     workers: str = "0"
+    mode: str = "full"  # one of MODES
     # the target's own options (its flags, typed by its family's options module)
     options: TargetOptions = field(default_factory=LocalOptions)
     # what the user set by environment variable, read once by the CLI (contract.settings)
@@ -81,6 +86,7 @@ class RunContext:
             "recovery_timeout_s": self.recovery_timeout_s,
             "markexpr": self.markexpr,
             "workers": self.workers,
+            "mode": self.mode,
             "options": {"family": self.options.FAMILY, **self.options.to_json()},
             "settings": self.settings.to_json(),
         }
@@ -101,6 +107,7 @@ class RunContext:
             recovery_timeout_s=float(data["recovery_timeout_s"]),
             markexpr=data["markexpr"],
             workers=data["workers"],
+            mode=str(data.get("mode", "full")),
             options=family.from_json(options),
             settings=run_settings.RunSettings.from_json(data.get("settings", {})),
         )

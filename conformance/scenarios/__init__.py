@@ -22,6 +22,7 @@ from hvconform.scenarios import (
     reboot,
     registration,
     restart,
+    validate,
     workloads,
 )
 
@@ -42,6 +43,11 @@ class Check:
     # `requirement_source` names the kubelet code path or the seed sentence it rests on.
     requirement_level: str = ""
     requirement_source: str = ""
+    # In the validate subset (`hvconform run --mode validate`): the check disturbs nothing on a
+    # serving node (no fault, nothing of the plugin's written, at most one free slot taken for
+    # one guest and given back), so it may run where workloads run. Every other row needs a node
+    # the run may disturb (its own, or one cordoned for conformance).
+    validate: bool = False
 
 
 DP = (API_DEVICE_PLUGIN,)
@@ -50,6 +56,15 @@ DRA = (API_DRA,)
 
 
 CATALOGUE: tuple[Check, ...] = (
+    Check("validate-device", "validate", "Device as reported", validate.device_reported,
+          "capacity > 0, allocatable > 0 within the kubelet's status period, the plugin ready "
+          "and alive as the kubelet judges: both views agree", apis=BOTH, validate=True),
+    Check("validate-cdi-spec", "validate", "CDI spec exact, read only", validate.cdi_spec_exact,
+          "the owned spec a regular file, unchanged since setup, one vendor/class kind, its "
+          "device nodes the node's real numbers", validate=True),
+    Check("validate-guest", "validate", "Guest on a free slot", validate.guest_on_free_slot,
+          "one free slot: its CDI devices defined by the spec, a real guest runs, the slot is "
+          "free again (no free slot: not judged)", apis=BOTH, validate=True),
     Check("guest-execution", "guest", "Real guest execution", guest.guest_execution,
           "repeated real guest runs through allocations, fresh after disposal"),
     Check("cdi-missing", "cdi", "Missing CDI spec repaired", cdi.cdi_missing,
@@ -146,6 +161,10 @@ CATALOGUE: tuple[Check, ...] = (
           "the driver's socket removed from plugins_registry: the driver serves a new one and is "
           "registered again by itself (measured), ready, and a fresh claim pod runs",
           level="extended", apis=DRA),
+    Check("validate-metadata", "validate", "Hypervisor device metadata",
+          validate.hypervisor_metadata,
+          "the node's hypervisor device a character device whose type, numbers, mode and owner "
+          "are as at the run's start", apis=BOTH, validate=True),
 )  # fmt: skip
 # Checks of the catalogue that judge a DRA driver too (through the same Node observations:
 # hvconform.contract.dra says what each one means there).
@@ -159,6 +178,12 @@ MUST, SHOULD = "MUST", "SHOULD"
 _CDI = "containerd/CRI-O fail container creation for a CDI device whose spec does not resolve"
 # Every row's requirement level and its source (a test keeps every catalogue row named here).
 _LEVELS: dict[str, tuple[str, str]] = {
+    "validate-device": (MUST, "the kubelet admits pods onto every device listed Healthy; a "
+                        "plugin's readiness that disagrees misleads every rollout gate"),
+    "validate-cdi-spec": (MUST, f"{_CDI}; the seed: the spec names the real device"),
+    "validate-guest": (MUST, "the seed: a workload granted the device runs a real guest "
+                       "through it; a released device is allocatable again (devicemanager)"),
+    "validate-metadata": (MUST, "the seed: the host's /dev/kvm metadata is never changed"),
     "guest-execution": (MUST, "the seed: a workload granted the device runs a real guest through "
                         "it; the kubelet's Allocate answer is what the runtime injects"),
     "cdi-missing": (MUST, _CDI),
@@ -232,6 +257,9 @@ CLEANUP = Check(
 )
 
 
+VALIDATE_MARK = "validate"  # the pytest mark every row of the validate subset carries
+
+
 def judging(api: str) -> tuple[Check, ...]:
     """The checks of a run whose plugin speaks `api`, in catalogue order."""
     return tuple(c for c in CATALOGUE if api in c.apis)
@@ -239,9 +267,13 @@ def judging(api: str) -> tuple[Check, ...]:
 
 def readme_table() -> str:
     """The README's table of checks, generated from the catalogue (a test keeps them equal)."""
-    rows = ["| id | marker | level | API | what must hold |", "| --- | --- | --- | --- | --- |"]
+    rows = [
+        "| id | marker | level | validate | API | what must hold |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     rows += [
-        f"| {c.id} | {c.marker} | {c.level} | {', '.join(c.apis)} | {c.requirement} |"
+        f"| {c.id} | {c.marker} | {c.level} | {'yes' if c.validate else ''} | "
+        f"{', '.join(c.apis)} | {c.requirement} |"
         for c in (*CATALOGUE, CLEANUP)
     ]
     return "\n".join(rows) + "\n"

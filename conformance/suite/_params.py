@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from hvconform.contract import runcontext
-from hvconform.scenarios import CATALOGUE
+from hvconform.scenarios import CATALOGUE, VALIDATE_MARK, Check
 
 
 def _plugin_api() -> str | None:
@@ -24,12 +24,18 @@ def check_params(ids: set[str], include: bool) -> list[Any]:
     check, a driver's no check of the device plugin API: each check says which API it judges)."""
     api = _plugin_api()
     return [
-        pytest.param(
-            c.id, id=c.id, marks=[getattr(pytest.mark, c.marker), pytest.mark.check_id(c.id)]
-        )
+        pytest.param(c.id, id=c.id, marks=_marks(c))
         for c in CATALOGUE
         if (c.id in ids) == include and (api is None or api in c.apis)
     ]
+
+
+def _marks(check: Check) -> list[pytest.MarkDecorator]:
+    """Its category, its id, and the validate mark when the row is in the validate subset."""
+    marks = [getattr(pytest.mark, check.marker), pytest.mark.check_id(check.id)]
+    if check.validate and check.marker != VALIDATE_MARK:
+        marks.append(getattr(pytest.mark, VALIDATE_MARK))
+    return marks
 
 
 # Checks that only need a node of their own and leave it as they found it. Every other check

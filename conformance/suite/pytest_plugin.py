@@ -39,7 +39,7 @@ from hvconform.contract.results import (
 from hvconform.contract.runcontext import RunContext
 from hvconform.contract.target_report import merge_reports
 from hvconform.metadata.twophase import TwoPhase
-from hvconform.scenarios import BY_ID, CATALOGUE, CLEANUP, Check
+from hvconform.scenarios import BY_ID, CATALOGUE, CLEANUP, VALIDATE_MARK, Check
 from hvconform.suite import environment, evidence, identity, outcomes, preflight, session_checks
 from hvconform.targets import TARGETS, open_target
 from hvconform.targets.host.netns import RunOwner
@@ -62,6 +62,9 @@ def pytest_configure(config: pytest.Config) -> None:
     for check in (*CATALOGUE, CLEANUP):
         config.addinivalue_line("markers", f"{check.marker}: {check.marker} checks")
     config.addinivalue_line("markers", "check_id(id): stable check id used by reports")
+    config.addinivalue_line(
+        "markers", f"{VALIDATE_MARK}: the validate subset (disturbs nothing on a serving node)"
+    )
     path = config.getoption("--context")
     if path:
         runcontext.install(runcontext.read(path), Path(path).resolve())
@@ -396,6 +399,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             "plugin": {**ctx.plugin.summary(), "this_repository": environment.ours(ctx.plugin)},
             "plugin_ran": identity.plugin_ran(out),
             "markexpr": config.getoption("-m") or "",
+            "mode": ctx.mode,
             "counts": counts,
             "workers": str(config.getoption("numprocesses", None) or 0),
             "planned": planned,

@@ -78,7 +78,7 @@ TARGETS: dict[str, Target] = {
         runtimes=("process", "container"),
     ),
     "cluster": Target(
-        "hvconform.targets.cluster.existing",
+        "hvconform.targets.cluster.entry",
         "an existing cluster (--kubeconfig, --node/--all-nodes): never created nor deleted",
         cluster=True,
         serial=True,

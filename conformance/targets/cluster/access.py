@@ -240,6 +240,23 @@ class DirectAccess:
         return f"/proc/{prefix[2]}/root{path}" if prefix else path
 
 
+class HostPidAccess:
+    """The suite runs in a privileged hostPID pod on the node it judges (`--node-access
+    host-pid`, the Sonobuoy plugin's pod): argv runs here, entered into the namespaces of PID 1,
+    which is the node's init, as the diagnostic pod's exec does, without the exec's round trip."""
+
+    def __init__(self, node: str, runner: CommandRunner | None = None) -> None:
+        self.node = node
+        self.where = f"this pod's node {node} (hostPID)"
+        self.runner = runner or CommandRunner()
+
+    def run(self, argv: list[str], timeout: float = 60) -> ExecResult:
+        return self.runner.run([*NSENTER, *argv], timeout=timeout, check=False)
+
+    def wrap(self, argv: list[str]) -> str:
+        return f"(hostPID pod on node {self.node}) {shlex.join([*NSENTER, *argv])}"
+
+
 def _ns(pid: int, kind: str) -> str:
     try:
         return str(Path(f"/proc/{pid}/ns/{kind}").readlink())

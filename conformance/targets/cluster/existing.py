@@ -11,9 +11,7 @@ their own create and delete steps (`cluster_steps`).
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,10 +20,10 @@ import yaml
 from hv_device_plugin.api.names import HYPERVISOR_RESOURCE
 from hvconform.contract.plugin import PluginUnderTest
 from hvconform.contract.results import EnvironmentBlocked
-from hvconform.contract.runcontext import RunContext
 from hvconform.targets.cluster.access import (
     STATE_DIR,
     DirectAccess,
+    HostPidAccess,
     NodeAccess,
     local_kubelet,
     pod_exec_text,
@@ -34,15 +32,11 @@ from hvconform.targets.cluster.deploy import manifest_yaml
 from hvconform.targets.cluster.diag import DIAG_NAME, DiagPods, diag_namespace, diag_steps
 from hvconform.targets.cluster.kube import KubeApi, Obj
 from hvconform.targets.cluster.lifecycle import Action
-from hvconform.targets.cluster.node import ClusterNode
 from hvconform.targets.cluster.plan import NODE_NAME, ClusterOptions, Step
 from hvconform.targets.cluster.run import (
     RESTORE,
     STATE_MARK,
     ClusterLifecycle,
-    cluster_options,
-    open_cluster,
-    plan_of,
 )
 from hvconform.targets.cluster.workloads import Layout, diagnostic_pod, prepare
 
@@ -168,14 +162,20 @@ class ExistingLifecycle(ClusterLifecycle):
 
     def access(self) -> NodeAccess:
         if self._access is None:
-            if self.options.node_access != "direct":
+            if self.options.node_access == "pod":
                 raise RuntimeError("node access through the diagnostic pod before it exists")
-            self._access = DirectAccess(self.node_name, self.runner)
+            self._access = (
+                HostPidAccess(self.node_name, self.runner)
+                if self.options.node_access == "host-pid"
+                else DirectAccess(self.node_name, self.runner)
+            )
         return self._access
 
     def node_cmd(self, argv: list[str]) -> str:
         if self.options.node_access == "pod":
             return pod_exec_text(self.diag.name(self.node_name), argv)
+        if self.options.node_access == "host-pid":
+            return HostPidAccess(self.node_name or "<node>").wrap(argv)
         return DirectAccess(self.node_name or "<node>").wrap(argv)
 
     def steps(self) -> list[Step]:
@@ -243,12 +243,33 @@ class ExistingLifecycle(ClusterLifecycle):
             conds = node.get("status", {}).get("conditions", [])
             if not any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
                 raise EnvironmentBlocked(f"node {name} is not Ready")
+            self._may_disturb(name, node)
         self.report.environment["cluster_kubeconfig"] = self.options.kubeconfig
         self.report.environment["node_access"] = self.options.node_access
+
+    def _may_disturb(self, name: str, node: Obj) -> None:
+        """The full catalogue from the node's own pod faults a node that may serve workloads:
+        only on one cordoned for conformance, or with --allow-disruption."""
+        o = self.options
+        if o.node_access != "host-pid" or o.mode != "full" or o.allow_disruption:
+            return
+        if not node.get("spec", {}).get("unschedulable"):
+            raise EnvironmentBlocked(
+                f"node {name} is not cordoned and the full catalogue injects faults there: "
+                f"`kubectl cordon {name}` for conformance, or --mode validate, or "
+                "--allow-disruption"
+            )
 
     def _metadata(self, phase: str) -> None:
         """The two phases on this machine's device, when the node is this machine's (its
         kubelet runs here); a remote node's device is not here to check."""
+        if self.options.node_access == "host-pid":
+            if phase == "snapshot":
+                self.report.notes.append(
+                    "host metadata phases: the suite runs in the node's own pod; the device's "
+                    "metadata is checked through node access (validate-metadata)"
+                )
+            return
         if self.metadata is None or local_kubelet(self.node_name) is None:
             if phase == "snapshot":
                 self.report.notes.append("host metadata phases skipped: node not on this machine")
@@ -320,46 +341,3 @@ def build_plan(
 ) -> list[Step]:
     """The existing-cluster plan; builds the lifecycle without running anything."""
     return ExistingLifecycle(options, objects, plugin=plugin).steps()
-
-
-def plan_text(options: ClusterOptions, plugin: PluginUnderTest | None = None) -> str:
-    """What `--dry-run` prints for the cluster target."""
-    where = ", ".join(options.nodes) or "every KVM node"
-    title = f"hvconform plan: existing cluster, {where}, {options.node_access} node access"
-    api = _discovery(options)
-    try:
-        resolve = None if api is None else api.resource
-        lifecycle = ExistingLifecycle(options, None, plugin=plugin, resolve=resolve)
-        return plan_of(lifecycle, f"{title}, image {options.image}")
-    finally:
-        if api is not None:
-            api.close()
-
-
-def _discovery(options: ClusterOptions) -> KubeApi | None:
-    """The cluster's API when it answers discovery within a few seconds; None (the plan then
-    uses the built-in table, and says so) when it cannot be reached or the kubeconfig is not
-    usable from here: a dry run never fails for lack of a cluster."""
-    try:
-        api = KubeApi(options.kubeconfig, request_timeout=5.0, context=options.context)
-    except Exception:  # the client's own errors for a kubeconfig it cannot load
-        return None
-    try:
-        api.resource("v1", "Namespace")
-    except Exception:  # unreachable, refused, not a Kubernetes API: the table, said so
-        api.close()
-        return None
-    return api
-
-
-@contextlib.contextmanager
-def open_node(
-    ctx: RunContext, *, worker: str, metadata: object | None = None
-) -> Iterator[ClusterNode]:
-    """The registry's entry: the plugin deployed on the caller's cluster, one node of it."""
-    options = cluster_options(ctx, "cluster")
-    out_dir = ctx.out
-    extra = {"metadata": metadata} if metadata is not None else {}
-    lifecycle = ExistingLifecycle(options, None, plugin=ctx.plugin, **extra)  # type: ignore[arg-type]
-    with open_cluster(lifecycle, out_dir=out_dir) as node:
-        yield node

@@ -9,6 +9,7 @@ onto this process's monotonic clock.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
@@ -37,7 +38,7 @@ from hvconform.contract.node import (
 from hvconform.contract.plugin import PluginUnderTest
 from hvconform.contract.results import EnvironmentBlocked
 from hvconform.contract.runtime_facts import runtime_side
-from hvconform.contract.wait import wait_for
+from hvconform.contract.wait import WaitExpired, wait_for
 from hvconform.targets.cluster.access import (
     CDI_DIR,
     RO_STAGING,
@@ -63,6 +64,8 @@ SPEC_NAME = SPEC_FILENAME
 # How long the restore after a check waits for the node to be back, before and after a restart
 # of the plugin pod (a polling plugin needs its tick; the seed's is 30 s).
 RESTORE_TIMEOUT_S = 60.0
+# Validate mode looks for the plugin's spec this long (a plugin just started writes it soon).
+OBSERVE_TIMEOUT_S = 15.0
 SENTINELS = {
     "zz-unrelated-vendor.json": b'{\n  "cdiVersion": "0.5.0",\n  "kind": "example.com/sentinel",\n'
     b'  "devices": [{"name": "s0", "containerEdits": {"env": ["SENTINEL=1"]}}]\n}\n',
@@ -166,6 +169,8 @@ class ClusterNode(
     # -- lifecycle ------------------------------------------------------------------------
 
     def setup(self) -> None:
+        if self.options.mode == "validate":
+            return self._observe()
         t = self.options.rollout_timeout
         self.kubelet_root = self.kubelet_root_dir()
         wait_for(self.plugin_ready, t, "plugin readiness at node setup", self._poll)
@@ -192,6 +197,23 @@ class ClusterNode(
             allocation = self.allocate()
             if allocation.ok:
                 self.session_guest = self.start_long_guest(allocation)
+
+    def _observe(self) -> None:
+        """Validate mode: the node as it serves, read and never written (no sentinel, no fault
+        wiring, no session guest). A plugin that is not ready, or has no spec, is what the
+        validate checks judge, so nothing here waits for health: it looks once, briefly."""
+        self.sentinels = {}
+        self.kubelet_root = self.kubelet_root_dir()
+        self.baseline_capacity = self.capacity()
+        self.begin_liveness_window()
+        with contextlib.suppress(WaitExpired):
+            self.spec_name = self.spec_name or wait_for(
+                self._discover_spec, OBSERVE_TIMEOUT_S, "the plugin's CDI spec", self._poll
+            )
+        if self.spec_name:
+            self.baseline_spec = self.read_file("cdi", self.spec_name) or b""
+            self._runtime_keeps_cdi()
+        self.host_metadata_at_start = self.host_device_metadata()
 
     def _runtime_keeps_cdi(self) -> None:
         """A plugin that writes a CDI spec needs a runtime with CDI on that reads the dir the
@@ -229,6 +251,10 @@ class ClusterNode(
     def restore_baseline(self) -> list[str]:
         """A node a check left down started again, then both sides verified back (or the
         plugin restarted): PluginPod.verify_plugin_restored."""
+        if self.options.mode == "validate":
+            # nothing was changed, so the node is as it was found: a plugin that was not healthy
+            # is judged as it is, never restarted (the serving node's workloads depend on it)
+            return super().restore_baseline()
         return super().restore_baseline() or self.verify_plugin_restored(RESTORE_TIMEOUT_S)
 
     def teardown(self) -> None:

@@ -47,7 +47,9 @@ def options(ns: argparse.Namespace, inputs: OptionInputs) -> ClusterOptions:
         nodes=tuple(ns.nodes),
         all_nodes=ns.all_nodes,
         node_access=ns.node_access,
+        deployed=ns.deployed,
         allow_node_reboot=ns.allow_node_reboot,
+        allow_disruption=ns.allow_disruption,
         allow_objects=tuple(ns.allow_objects),
         values_for=ns.values_for,
         values_files=tuple(ns.values_files),
@@ -144,8 +146,22 @@ def _existing(group: argparse._ArgumentGroup) -> None:
         "--node-access",
         choices=NODE_ACCESS,
         default="pod",
-        help="through a privileged diagnostic pod (as on AKS), or directly (the node runs on "
-        "this machine)",
+        help="through a privileged diagnostic pod (as on AKS), directly (the node runs on "
+        "this machine), or host-pid (the suite itself runs in a privileged hostPID pod on the "
+        "node it judges: `hvconform sonobuoy-plugin` declares that pod)",
+    )
+    group.add_argument(
+        "--allow-disruption",
+        action="store_true",
+        help="with --node-access host-pid and --mode full: run the fault checks on a node that "
+        "is not cordoned (its workloads see every fault); without it such a node is refused",
+    )
+    group.add_argument(
+        "--deployed",
+        default="",
+        metavar="NAMESPACE/DAEMONSET",
+        help="with --mode validate: judge the plugin this DaemonSet already runs on the node "
+        "(read, never applied, restarted nor deleted) instead of deploying the profile's",
     )
     group.add_argument(
         "--allow-node-reboot",
