@@ -84,8 +84,8 @@ class ClusterOptions:
     delete_timeout: float = 300.0
     poll_interval: float = 1.0
     scope: str = ""  # one of SCOPES
-    # the run's mode (RunContext.mode, copied by cluster_options, never a flag of its own):
-    # "validate" sets the node up without writing anything of the plugin's
+    # the run's --mode (a common run flag: RunContext.mode holds it too), which the cluster
+    # node obeys: "validate" sets the node up without writing anything of the plugin's
     mode: str = "full"
     # a plugin already deployed ("NAMESPACE/DAEMONSET"): judged as it runs, never applied,
     # restarted nor deleted (validate mode only)

@@ -48,6 +48,7 @@ def options(ns: argparse.Namespace, inputs: OptionInputs) -> ClusterOptions:
         all_nodes=ns.all_nodes,
         node_access=ns.node_access,
         deployed=ns.deployed,
+        mode=ns.mode,  # the run's common --mode, which the cluster node's setup obeys
         allow_node_reboot=ns.allow_node_reboot,
         allow_disruption=ns.allow_disruption,
         allow_objects=tuple(ns.allow_objects),

@@ -65,7 +65,7 @@ def cluster_options(ctx: RunContext, target: str) -> ClusterOptions:
     """The cluster options the CLI validated into the run context."""
     if ctx.cluster is None:
         raise RuntimeError(f"the run context has no cluster options for target {target}")
-    return ctx.cluster.with_(target=target, mode=ctx.mode).validate()
+    return ctx.cluster.with_(target=target).validate()
 
 
 def values_key(options: ClusterOptions) -> str:
