@@ -132,7 +132,7 @@ def test_the_pods_kubeconfig_is_its_service_accounts(tmp_path: Path) -> None:
     path = node_entry.in_cluster_kubeconfig(tmp_path / "k" / "kubeconfig", env, sa)
     config = yaml.safe_load(path.read_text())
     assert config["clusters"][0]["cluster"]["server"] == "https://10.0.0.1:443"
-    assert config["users"][0]["user"]["token"] == "tok"
+    assert config["users"][0]["user"]["token"] == (sa / "token").read_text().strip()
     assert path.stat().st_mode & 0o777 == 0o600
     with pytest.raises(RuntimeError, match="service account"):
         node_entry.in_cluster_kubeconfig(tmp_path / "x", {}, sa)
