@@ -253,6 +253,26 @@ def suite_image(session: nox.Session) -> None:
     )
 
 
+@nox.session(python=PYTHON, name="sonobuoy-live")
+def sonobuoy_live(session: nox.Session) -> None:
+    """Issue 39 live: `node-up --nodes N` (`-- --nodes 3`; default 2) with the plugin already
+    serving, Sonobuoy v0.57.5 built from its module with its aggregator image, the suite's image
+    (its kind and kubectl built first, cached), then `sonobuoy run` of `hvconform
+    sonobuoy-plugin` on one node and on every node (wall and CPU seconds measured), the fleet
+    report, a faulty node named, nothing changed on the serving nodes, Sonobuoy's objects and
+    the suite's deleted (tests/realnode/test_sonobuoy_live.py)."""
+    args = list(session.posargs)
+    count = _take(args, "--nodes", "2")
+    session.install("-e", ".[dev]")
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    bindir = Path(base) / "hv-device-plugin" / "bin"
+    _helm(session, bindir)
+    session.run("python", "-m", "hvconform.targets.realnode.build")  # cached when built
+    session.run("python", "-m", "hvconform.targets.kindnode.build", "kind", "kubectl")
+    env = {"HV_SONOBUOY_LIVE": "1", "HV_SONOBUOY_NODES": count, "HV_HELM": str(bindir / "helm")}
+    _pytest(session, "tests/realnode/test_sonobuoy_live.py", "-s", *args, env=env)
+
+
 @nox.session(python=PYTHON, name="cluster-safety-live")
 def cluster_safety_live(session: nox.Session) -> None:
     """Issue 34 live on the cluster-mode nodes (tests/realnode/test_cluster_safety_live.py):

@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -79,7 +81,9 @@ def run_argv(ns: argparse.Namespace, kubeconfig: Path, out: Path) -> list[str]:
     return [*argv, *ns.run_args]
 
 
-def finish(results_dir: Path, node: str, refused: str = "") -> Path:
+def finish(
+    results_dir: Path, node: str, refused: str = "", cost: dict[str, float] | None = None
+) -> Path:
     """Write the manual YAML beside the run's files; the done file names the out dir."""
     out = results_dir / OUT
     out.mkdir(parents=True, exist_ok=True)
@@ -92,7 +96,7 @@ def finish(results_dir: Path, node: str, refused: str = "") -> Path:
             refused = refused or f"{results_file} is not JSON"
     elif not refused:
         refused = "the run wrote no results.json (its log is in the pod's output)"
-    tree = manual_tree(results, node, refused)
+    tree = manual_tree(results, node, refused, cost)
     write_atomic(out / MANUAL_FILE, yaml.safe_dump(tree, sort_keys=False))
     write_atomic(results_dir / "done", str(out))
     return out
@@ -142,8 +146,14 @@ def run(ns: argparse.Namespace) -> int:
     else:
         argv = run_argv(ns, kubeconfig, results_dir / OUT / RUN_DIR)
         print(f"hvconform sonobuoy-node: node {ns.node}, mode {ns.mode}", flush=True)
+        t0, before = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
         code = subprocess.run(argv, check=False).returncode  # its output is the pod's log
-        out = finish(results_dir, ns.node)
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cost = {
+            "wall_s": round(time.monotonic() - t0, 3),
+            "cpu_s": round(used.ru_utime + used.ru_stime - before.ru_utime - before.ru_stime, 3),
+        }
+        out = finish(results_dir, ns.node, cost=cost)
         print(f"hvconform sonobuoy-node: exit {code}; results in {out}", flush=True)
     if not ns.no_wait:
         wait_for_pod_end()

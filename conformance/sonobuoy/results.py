@@ -46,8 +46,12 @@ def overall(statuses: list[str]) -> str:
     return "passed" if "passed" in statuses else "skipped"
 
 
-def manual_tree(results: dict[str, Any], node: str, refused: str = "") -> dict[str, Any]:
-    """The manual-format document of one node's run (or of a run refused before it began)."""
+def manual_tree(
+    results: dict[str, Any], node: str, refused: str = "", cost: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """The manual-format document of one node's run (or of a run refused before it began);
+    `cost`: what the run took on the node (wall and CPU seconds), in its details, which
+    Sonobuoy keeps on the file's item (`sonobuoy results --mode dump`)."""
     run = results.get("run", {}) if results else {}
     checks = [c for c in results.get("checks", []) if isinstance(c, dict)] if results else []
     items = [_check_item(c) for c in checks]
@@ -56,4 +60,7 @@ def manual_tree(results: dict[str, Any], node: str, refused: str = "") -> dict[s
         return {"name": "hvconform", "status": FAILED, "meta": meta,
                 "details": {"refused": refused}, "items": []}  # fmt: skip
     status = item_status(overall([str(c.get("status", "")) for c in checks]))
-    return {"name": "hvconform", "status": status, "meta": meta, "items": items}
+    tree: dict[str, Any] = {"name": "hvconform", "status": status, "meta": meta, "items": items}
+    if cost:
+        tree["details"] = {"node": node, **cost}
+    return tree

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -132,3 +133,21 @@ def build_all(log: Log) -> dict[str, Built]:
         log(f"{name} {built.version}: {origin} ({built.path})")
         out[name] = built
     return out
+
+
+def main(argv: list[str]) -> int:
+    """`python -m hvconform.targets.kindnode.build NAME...`: those binaries only (the suite's
+    image needs kind and kubectl without the whole node image)."""
+    unknown = [n for n in argv if n not in (*OURS, *THEIRS)]
+    if unknown or not argv:
+        print(f"usage: build NAME... (of {', '.join((*OURS, *THEIRS))})", file=sys.stderr)
+        return 2
+    for name in argv:
+        built = build_one(name)
+        origin = "cached" if built.cached else f"built in {built.seconds:.0f}s"
+        print(f"kindnode-build: {name} {built.version}: {origin} ({built.path})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
