@@ -15,6 +15,7 @@ import io
 import json
 import subprocess
 import tarfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from hvconform.targets.realnode import BIN, CONTAINERD_SOCKET, PAUSE_IMAGE
@@ -61,13 +62,20 @@ def _blob(blobs: dict[str, bytes], data: bytes) -> dict[str, object]:
 
 
 def image_archive(pause: bytes, name: str = PAUSE_IMAGE) -> bytes:
-    """An OCI image layout, as a tar, for `ctr images import`."""
+    """The pause image as an OCI image layout, as a tar, for `ctr images import`."""
+    config = {"Entrypoint": ["/pause"], "Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}
+    return oci_layout(layer(pause), config, name)
+
+
+def oci_layout(layer_bytes: bytes, image_config: Mapping[str, object], name: str) -> bytes:
+    """One single-layer image (`image_config`: its Entrypoint, Cmd, Env...) as an OCI image
+    layout tar named `name`, deterministic, for `ctr images import`."""
     blobs: dict[str, bytes] = {}
-    layer_bytes = layer(pause)
     config = {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Entrypoint": ["/pause"], "Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]},
+        "config": dict(image_config),
+        # an uncompressed layer: its diff ID is its own digest
         "rootfs": {
             "type": "layers",
             "diff_ids": ["sha256:" + hashlib.sha256(layer_bytes).hexdigest()],

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -32,7 +31,7 @@ from pathlib import Path
 
 from hvconform.targets.realnode import BIN, CACHE
 from hvconform.targets.realnode.build import STAMPS, Built, _go, _stamp, _workdir
-from hvconform.targets.realnode.image import FILES, _blob, _info, _tar
+from hvconform.targets.realnode.image import FILES, _info, _tar, oci_layout
 from hvconform.targets.realnode.node_images import import_into
 from hvconform.targets.realnode.nodes import NodeLayout, recorded_nodes
 
@@ -128,56 +127,14 @@ def layer(binary: bytes) -> bytes:
 
 
 def write_image(binary: Path, out: Path, name: str = SONOBUOY_IMAGE) -> None:
-    """One OCI image layout tar (as image.py's for pause, with Sonobuoy's config): the layer
-    and its config, manifest and index. Deterministic; written beside `out` and renamed, so an
-    import never reads half a file."""
-    blobs: dict[str, bytes] = {}
-    layer_bytes = layer(binary.read_bytes())
-    layer_desc = {"mediaType": LAYER_TYPE, **_blob(blobs, layer_bytes)}
-    config = {
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {"Env": [PATH_ENV], "Cmd": list(CMD), "WorkingDir": WORKDIR, "User": USER},
-        # uncompressed layer: its diff ID is its own digest
-        "rootfs": {"type": "layers", "diff_ids": [layer_desc["digest"]]},
-    }
-    manifest = {
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {
-            "mediaType": "application/vnd.oci.image.config.v1+json",
-            **_blob(blobs, json.dumps(config, sort_keys=True).encode()),
-        },
-        "layers": [layer_desc],
-    }
-    index = {
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [
-            {
-                "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                **_blob(blobs, json.dumps(manifest, sort_keys=True).encode()),
-                "platform": {"architecture": "amd64", "os": "linux"},
-                "annotations": {
-                    "io.containerd.image.name": name,
-                    "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1],
-                },
-            }
-        ],
-    }
-    files: list[tuple[str, bytes]] = [
-        ("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'),
-        ("index.json", json.dumps(index).encode()),
-    ]
-    for digest, blob in sorted(blobs.items(), key=lambda kv: kv[0]):
-        files.append(("blobs/sha256/" + digest.split(":", 1)[1], blob))
+    """One OCI image layout tar (image.oci_layout, as the pause image's, with Sonobuoy's
+    config). Deterministic; written beside `out` and renamed, so an import never reads half a
+    file."""
+    config = {"Env": [PATH_ENV], "Cmd": list(CMD), "WorkingDir": WORKDIR, "User": USER}
+    data = oci_layout(layer(binary.read_bytes()), config, name)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.new")
-    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-        for dname in ("blobs", "blobs/sha256"):
-            tar.addfile(_info(dname, tarfile.DIRTYPE, 0o755))
-        for fname, data in files:
-            tar.addfile(_info(fname, tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data))
+    tmp.write_bytes(data)
     tmp.replace(out)
 
 
