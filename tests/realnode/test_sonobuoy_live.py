@@ -66,17 +66,28 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             client.close()
     binary = sonobuoy_build.build()
     count = int(os.environ.get("HV_SONOBUOY_NODES", "2"))
-    with cluster_mode_nodes(count) as made:
-        node_images.load([built.tag])
-        sonobuoy_build.import_into_nodes()
-        yield {**made, "suite": built.tag, "sonobuoy": str(binary), "count": count,
-               "work": tmp_path_factory.mktemp("sonobuoy")}  # fmt: skip
+    try:
+        with cluster_mode_nodes(count) as made:
+            node_images.load([built.tag])
+            sonobuoy_build.import_into_nodes()
+            yield {**made, "suite": built.tag, "sonobuoy": str(binary), "count": count,
+                   "work": tmp_path_factory.mktemp("sonobuoy")}  # fmt: skip
+    finally:  # the views' mount point on the host (their tmpfs died with the nodes)
+        if Path(DEV_VIEW).is_dir():
+            Path(DEV_VIEW).rmdir()
 
 
 def _api(kubeconfig: str) -> Any:
     from hvconform.targets.cluster.kube import KubeApi
 
     return KubeApi(kubeconfig)
+
+
+def _slots(node: dict[str, Any]) -> int:
+    from hvconform.contract.quantity import quantity
+    from hvconform.targets.cluster.workloads import RESOURCE
+
+    return quantity(str(node["status"].get("allocatable", {}).get(RESOURCE, "0")))
 
 
 def _node_names(api: Any) -> list[str]:
@@ -245,9 +256,8 @@ def test_sonobuoy_certifies_every_node_of_the_pool(pool: dict[str, Any]) -> None
     _device_views(nodes)
     objects = _deploy_plugin(api, pool["plugin"])
     deployed = _plugin_ds(objects)
-    _wait("the serving plugin ready with a slot on every node", lambda: all(
-        int(n["status"].get("allocatable", {}).get("hyperlight.dev/hypervisor", "0") or 0) > 0
-        for n in api.list_objects("v1", "Node")))  # fmt: skip
+    _wait("the serving plugin ready with a slot on every node",
+          lambda: all(_slots(n) > 0 for n in api.list_objects("v1", "Node")))  # fmt: skip
     # a guest already serving on node 1, holding one slot
     from hvconform.targets.cluster.workloads import workload_pod
 
@@ -285,14 +295,13 @@ def test_sonobuoy_certifies_every_node_of_the_pool(pool: dict[str, Any]) -> None
 
     after = _serving_state(api, guest_uid)
     assert after == before, "the validate mode changed the serving nodes"
-    allocatable = {n["metadata"]["name"]: n["status"]["allocatable"]["hyperlight.dev/hypervisor"]
-                   for n in api.list_objects("v1", "Node")}  # fmt: skip
+    allocatable = {n["metadata"]["name"]: _slots(n) for n in api.list_objects("v1", "Node")}
 
     # a faulty node: its device view without kvm; named, and the others pass
     faulty = nodes[-1]
     _device_views([faulty], faulty=faulty)
-    _wait(f"{faulty} reports no healthy device", lambda: (api.get("v1", "Node", faulty) or {})
-          ["status"]["allocatable"].get("hyperlight.dev/hypervisor") == "0")  # fmt: skip
+    _wait(f"{faulty} reports no healthy device",
+          lambda: _slots(api.get("v1", "Node", faulty) or {"status": {}}) == 0)  # fmt: skip
     _, bad_tarball = _certify(pool, every, work / "faulty")
     bad = _results(pool, bad_tarball)
     assert bad[faulty].get("validate-device") == "failed", bad[faulty]

@@ -78,6 +78,14 @@ class ServingLifecycle(ExistingLifecycle):
     def actions(self) -> dict[str, Action]:
         return {**super().actions(), "adopt": lambda s: self._adopt()}
 
+    def open_node(self) -> None:
+        super().open_node()
+        # the image the serving plugin really runs, read from its DaemonSet (the options' is
+        # the profile's default: nothing here was deployed from it)
+        containers = self.plugin_ds["spec"]["template"]["spec"].get("containers", [])
+        ran = [c.get("image", "") for c in containers if c.get("name") == self.layout.container]
+        self.report.environment["plugin_image"] = ran[0] if ran else ""
+
     def _adopt(self) -> None:
         ns, name = self.options.deployed.split("/", 1)
         live = self.api().get("apps/v1", "DaemonSet", name, ns)
