@@ -19,6 +19,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -34,8 +35,9 @@ from hvconform.sonobuoy.results import MANUAL_FILE, manual_tree
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RESULTS_DIR = "/tmp/sonobuoy/results"  # Sonobuoy's default (SONOBUOY_RESULTS_DIR overrides)
-OUT = "out"  # what the done file names: this dir is what the worker sends (tarred)
+OUT = "out"  # the dir the node's files are written to (sent as ARCHIVE)
 RUN_DIR = "hvconform"  # the suite's own run dir inside it
+ARCHIVE = "hvconform-results.tar.gz"  # what the done file names: the out dir, gzipped
 
 
 def in_cluster_kubeconfig(dest: Path, environ: dict[str, str], sa: Path = SERVICE_ACCOUNT) -> Path:
@@ -98,7 +100,17 @@ def finish(
         refused = "the run wrote no results.json (its log is in the pod's output)"
     tree = manual_tree(results, node, refused, cost)
     write_atomic(out / MANUAL_FILE, yaml.safe_dump(tree, sort_keys=False))
-    write_atomic(results_dir / "done", str(out))
+    # One gzip tarball, made here: the worker (another user in Sonobuoy's image) sends a file
+    # as it is, where a directory it would have to tar into the dir this container owns.
+    archive = results_dir / ARCHIVE
+    partial = archive.with_name(f".{ARCHIVE}.new")
+    with tarfile.open(partial, "w:gz") as tar:
+        for path in sorted(out.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                tar.add(path, arcname=str(path.relative_to(out)), recursive=False)
+    partial.chmod(0o644)
+    partial.replace(archive)
+    write_atomic(results_dir / "done", str(archive))
     return out
 
 

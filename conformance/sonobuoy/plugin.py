@@ -39,14 +39,16 @@ def definition(
     deployed: str = "",
     plugin_profile: str = "",
     guest_image: str = "",
+    plugin_image: str = "",
     node_selector: dict[str, str] | None = None,
     allow_disruption: bool = False,
 ) -> dict[str, Any]:
     """The plugin definition, validated: a bad input raises ValueError with its one line."""
     if problem := imageref.problem(image, pinned=True):
         raise ValueError(f"--image {problem}")
-    if guest_image and (problem := imageref.problem(guest_image, pinned=True)):
-        raise ValueError(f"--guest-image {problem}")
+    for flag, ref in (("--guest-image", guest_image), ("--plugin-image", plugin_image)):
+        if ref and (problem := imageref.problem(ref, pinned=True)):
+            raise ValueError(f"{flag} {problem}")
     if mode not in MODES:
         raise ValueError(f"--mode must be one of {', '.join(MODES)}")
     if deployed and not DEPLOYED.fullmatch(deployed):
@@ -55,7 +57,7 @@ def definition(
         raise ValueError("--deployed judges a serving plugin: only with --mode validate")
     args = ["sonobuoy-node", "--mode", mode]
     for flag, value in (("--deployed", deployed), ("--plugin-profile", plugin_profile),
-                        ("--guest-image", guest_image)):  # fmt: skip
+                        ("--guest-image", guest_image), ("--image", plugin_image)):  # fmt: skip
         if value:
             args += [flag, value]
     if allow_disruption:
@@ -112,6 +114,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plugin-profile", default="", metavar="FILE",
                         help="the profile's path inside the suite's image (default: shipped)")  # fmt: skip
     parser.add_argument("--guest-image", default="", help="the workload image of validate-guest")
+    parser.add_argument("--plugin-image", default="",
+                        help="the image the plugin under test must run (plugin-identity judges "
+                        "every node's plugin pod by it; default: the profile's)")  # fmt: skip
     parser.add_argument("--node-selector", type=_selector, default=None, metavar="K=V[,K=V]",
                         help=f"the nodes to certify (default {DEFAULT_SELECTOR})")  # fmt: skip
     parser.add_argument("--allow-disruption", action="store_true",
@@ -122,7 +127,8 @@ def run(ns: argparse.Namespace) -> int:
     try:
         plugin = definition(
             image=ns.image, mode=ns.mode, deployed=ns.deployed, plugin_profile=ns.plugin_profile,
-            guest_image=ns.guest_image, node_selector=ns.node_selector,
+            guest_image=ns.guest_image, plugin_image=ns.plugin_image,
+            node_selector=ns.node_selector,
             allow_disruption=ns.allow_disruption,
         )  # fmt: skip
     except ValueError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,11 @@ def test_the_node_pods_files_are_what_sonobuoy_reads(tmp_path: Path) -> None:
     proc = _cli("run", "--mode", "validate", "--out", str(run_dir))
     assert (run_dir / "results.json").is_file(), proc.stdout[-2000:] + proc.stderr[-2000:]
     out = node_entry.finish(results_dir, "node-a")
-    assert (results_dir / "done").read_text() == str(out)
+    archive = Path((results_dir / "done").read_text())
+    assert archive == results_dir / node_entry.ARCHIVE and archive.stat().st_mode & 0o777 == 0o644
+    with tarfile.open(archive) as tar:  # what the worker sends: the out dir's files, relative
+        names = tar.getnames()
+    assert MANUAL_FILE in names and f"{node_entry.RUN_DIR}/results.json" in names, names
     tree = yaml.safe_load((out / MANUAL_FILE).read_text())
     results = json.loads((run_dir / "results.json").read_text())
     assert results["run"]["mode"] == "validate"

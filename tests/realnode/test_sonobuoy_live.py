@@ -190,6 +190,7 @@ def _plugin_file(pool: dict[str, Any], deployed: str, selector: dict[str, str]) 
     path = Path(pool["work"]) / f"plugin-{'-'.join(sorted(selector.values()))}.yaml"
     proc = _sh([sys.executable, "-m", "hvconform.cli", "sonobuoy-plugin", "--image", pool["suite"],
                 "--deployed", deployed, "--guest-image", pool["guest"],
+                "--plugin-image", pool["plugin"],
                 "--node-selector", ",".join(f"{k}={v}" for k, v in selector.items())])  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     path.write_text(proc.stdout)

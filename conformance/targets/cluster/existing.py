@@ -265,10 +265,13 @@ class ExistingLifecycle(ClusterLifecycle):
         kubelet runs here); a remote node's device is not here to check."""
         if self.options.node_access == "host-pid":
             if phase == "snapshot":
-                self.report.notes.append(
-                    "host metadata phases: the suite runs in the node's own pod; the device's "
-                    "metadata is checked through node access (validate-metadata)"
+                why = (
+                    "the suite runs in the node's own pod, whose /dev is not the node's: the "
+                    "device's metadata is checked through node access (validate-metadata)"
                 )
+                self.report.notes.append(f"host metadata phases skipped: {why}")
+                if self.metadata is not None:
+                    self.metadata.skip(why)
             return
         if self.metadata is None or local_kubelet(self.node_name) is None:
             if phase == "snapshot":
