@@ -75,7 +75,7 @@ def test_the_shipped_profile_applies_what_hvconform_manifests_prints(tmp_path: P
         ({"nodes": ()}, "--node NAME"),
         ({"all_nodes": True}, "--node NAME"),
         ({"nodes": ("Bad_Name",)}, "not a Kubernetes node name"),
-        ({"node_access": "ssh"}, "pod or direct"),
+        ({"node_access": "ssh"}, "one of pod, direct, host-pid"),
     ],
 )
 def test_unusable_cluster_options_are_refused(change: dict[str, Any], message: str) -> None:

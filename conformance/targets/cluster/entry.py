@@ -9,15 +9,40 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 from hvconform.contract.plugin import PluginUnderTest
 from hvconform.contract.runcontext import RunContext
 from hvconform.targets.cluster.existing import ExistingLifecycle
-from hvconform.targets.cluster.kube import KubeApi
+from hvconform.targets.cluster.kube import KubeApi, Obj
 from hvconform.targets.cluster.node import ClusterNode
-from hvconform.targets.cluster.plan import ClusterOptions
+from hvconform.targets.cluster.plan import NODE_NAME, ClusterOptions, Step
 from hvconform.targets.cluster.run import cluster_options, open_cluster, plan_of
 from hvconform.targets.cluster.serving import ServingLifecycle
+
+
+def check_options(options: ClusterOptions) -> None:
+    """This target's own rules: a cluster it never makes, so its kubeconfig, and the nodes."""
+    if not options.kubeconfig:
+        raise ValueError("the cluster target needs --kubeconfig FILE (it never makes a cluster)")
+    if not Path(options.kubeconfig).is_file():
+        raise ValueError(f"--kubeconfig {options.kubeconfig!r} is not a readable file")
+    if bool(options.nodes) == options.all_nodes:
+        raise ValueError("the cluster target needs --node NAME (repeatable) or --all-nodes")
+    bad = [n for n in options.nodes if not NODE_NAME.fullmatch(n)]
+    if bad:
+        raise ValueError(f"--node {bad[0]!r} is not a Kubernetes node name")
+
+
+def build_plan(
+    options: ClusterOptions,
+    objects: list[Obj] | None = None,
+    plugin: PluginUnderTest | None = None,
+) -> list[Step]:
+    """The existing-cluster plan; builds the lifecycle without running anything."""
+    if options.deployed:
+        return ServingLifecycle(options, plugin=plugin).steps()
+    return ExistingLifecycle(options, objects, plugin=plugin).steps()
 
 
 def plan_text(options: ClusterOptions, plugin: PluginUnderTest | None = None) -> str:

@@ -18,7 +18,6 @@ from typing import Any, Protocol
 import yaml
 
 from hv_device_plugin.api.names import HYPERVISOR_RESOURCE
-from hvconform.contract.plugin import PluginUnderTest
 from hvconform.contract.results import EnvironmentBlocked
 from hvconform.targets.cluster.access import (
     STATE_DIR,
@@ -32,7 +31,7 @@ from hvconform.targets.cluster.deploy import manifest_yaml
 from hvconform.targets.cluster.diag import DIAG_NAME, DiagPods, diag_namespace, diag_steps
 from hvconform.targets.cluster.kube import KubeApi, Obj
 from hvconform.targets.cluster.lifecycle import Action
-from hvconform.targets.cluster.plan import NODE_NAME, ClusterOptions, Step
+from hvconform.targets.cluster.plan import ClusterOptions, Step
 from hvconform.targets.cluster.run import (
     RESTORE,
     STATE_MARK,
@@ -322,25 +321,3 @@ def kvm_nodes(api: KubeApi) -> list[str]:
     """Every node the KVM manifests select (the hypervisor label), for --all-nodes."""
     nodes = api.list_objects("v1", "Node", labels=f"{HYPERVISOR_RESOURCE}=kvm")
     return sorted(str(n["metadata"]["name"]) for n in nodes)
-
-
-def check_options(options: ClusterOptions) -> None:
-    """This target's own rules: a cluster it never makes, so its kubeconfig, and the nodes."""
-    if not options.kubeconfig:
-        raise ValueError("the cluster target needs --kubeconfig FILE (it never makes a cluster)")
-    if not Path(options.kubeconfig).is_file():
-        raise ValueError(f"--kubeconfig {options.kubeconfig!r} is not a readable file")
-    if bool(options.nodes) == options.all_nodes:
-        raise ValueError("the cluster target needs --node NAME (repeatable) or --all-nodes")
-    bad = [n for n in options.nodes if not NODE_NAME.fullmatch(n)]
-    if bad:
-        raise ValueError(f"--node {bad[0]!r} is not a Kubernetes node name")
-
-
-def build_plan(
-    options: ClusterOptions,
-    objects: list[Obj] | None = None,
-    plugin: PluginUnderTest | None = None,
-) -> list[Step]:
-    """The existing-cluster plan; builds the lifecycle without running anything."""
-    return ExistingLifecycle(options, objects, plugin=plugin).steps()
