@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -43,6 +44,9 @@ SONOBUOY_NS = "hvconform-sonobuoy"
 SERVING_NS = "hv-serving"
 DEV_VIEW = "/run/hv-serving-dev"  # a tmpfs inside each node's own mount namespace
 RUN_TIMEOUT_S = 1800
+# Sonobuoy's tarballs and the fleet reports, kept after the run for a look (pytest's own tmp
+# dirs rotate away): the next run replaces them.
+WORK = Path("/tmp/hv-sonobuoy-live")
 
 
 def _sh(argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -65,13 +69,15 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         finally:
             client.close()
     binary = sonobuoy_build.build()
+    shutil.rmtree(WORK, ignore_errors=True)  # the last run's tarballs, kept until this one
+    WORK.mkdir(parents=True)
     count = int(os.environ.get("HV_SONOBUOY_NODES", "2"))
     try:
         with cluster_mode_nodes(count) as made:
             node_images.load([built.tag])
             sonobuoy_build.import_into_nodes()
             yield {**made, "suite": built.tag, "sonobuoy": str(binary), "count": count,
-                   "work": tmp_path_factory.mktemp("sonobuoy")}  # fmt: skip
+                   "work": WORK}  # fmt: skip
     finally:  # the views' mount point on the host (their tmpfs died with the nodes)
         if Path(DEV_VIEW).is_dir():
             Path(DEV_VIEW).rmdir()
@@ -203,6 +209,11 @@ def _results(pool: dict[str, Any], tarball: Path) -> dict[str, dict[str, str]]:
                 "--mode", "detailed"])  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     verdicts: dict[str, dict[str, str]] = {}
+    errors = [ln for ln in proc.stdout.splitlines() if not ln.startswith("{")]
+    assert not errors, (
+        "Sonobuoy recorded errors (its pods' logs are in the tarball):\n"
+        + "\n".join(e[:600] for e in errors)
+    )
     for line in proc.stdout.splitlines():
         item = json.loads(line)  # a leaf: its path is plugin|node|file
         node = item["meta"]["path"].split("|")[1]
