@@ -112,6 +112,22 @@ def _device_nodes(spec: dict[str, Any]) -> list[dict[str, Any]]:
             if isinstance(n, dict)]  # fmt: skip
 
 
+def _defined_devices(node: Node) -> set[str]:
+    """Every fully qualified CDI device (kind=name) the specs in the node's CDI dir define."""
+    defined = set()
+    for name in node.list_files("cdi"):
+        try:
+            spec = _parse(node.read_file("cdi", name))
+        except AssertionError:  # not a spec (an operator's notes, a half-written file)
+            continue
+        devices = spec.get("devices")
+        if isinstance(devices, list):
+            defined |= {
+                f"{spec.get('kind')}={d.get('name')}" for d in devices if isinstance(d, dict)
+            }
+    return defined
+
+
 def guest_on_free_slot(node: Node, rec: Recorder) -> None:
     """One free slot taken for one real guest, its CDI devices defined by the spec on the node,
     then the slot free again: the node's own workloads keep theirs."""
@@ -127,11 +143,11 @@ def guest_on_free_slot(node: Node, rec: Recorder) -> None:
     allocation = node.allocate()
     try:
         assert allocation.ok, f"admission refused: {allocation.reason} {allocation.message}"
-        if allocation.cdi_devices and node.spec_name:
-            spec = _parse(node.read_file("cdi", node.spec_name))
-            names = {f"{spec.get('kind')}={(d or {}).get('name')}" for d in spec["devices"]}
-            unknown = [d for d in allocation.cdi_devices if d not in names]
-            assert not unknown, f"Allocate named {unknown}, which {node.spec_name} does not define"
+        if allocation.cdi_devices:
+            # a device plugin's one spec, or a DRA driver's spec of this claim: any spec there
+            defined = _defined_devices(node)
+            unknown = [d for d in allocation.cdi_devices if d not in defined]
+            assert not unknown, f"Allocate named {unknown}, which no CDI spec on the node defines"
         outcome = node.run_guest(allocation)
         assert outcome.ok, f"the guest failed: {outcome.detail}"
         rec.event("fresh guest passed (free slot)", kind=EventKind.GUEST)
