@@ -61,6 +61,10 @@ ADMIN_KUBECONFIG = RUN / "admin.kubeconfig"
 NODE_LABELS = f"{HYPERVISOR_RESOURCE}=kvm"  # what the KVM manifests' node affinity selects
 MAX_NODES = 8
 NODE_IP_PREFIX = "10.87.0."
+# Every node's pod subnet (NodeLayout.subnet): a pod reaches another node's pods through this
+# machine, which ptp gives a route to each pod (a Sonobuoy worker sends its results to the
+# aggregator's pod, wherever that runs).
+POD_RANGE = "10.88.0.0/16"
 SERVICE_RELAY = "service-relay"
 PORT_STRIDE = 10
 
@@ -101,7 +105,7 @@ class NodeLayout:
 
     @property
     def subnet(self) -> str:
-        return f"10.88.{self.index}.0/24"
+        return f"10.88.{self.index}.0/24"  # within POD_RANGE
 
     @property
     def cgroup(self) -> str:
@@ -177,8 +181,9 @@ def _cni(node: NodeLayout) -> None:
                 "ipam": {
                     "type": "host-local",
                     "ranges": [[{"subnet": node.subnet}]],
-                    # the pods' one route off their link: the `kubernetes` Service's range
-                    "routes": [{"dst": SERVICE_CIDR}],
+                    # the pods' routes off their link: the `kubernetes` Service's range and
+                    # the other nodes' pods
+                    "routes": [{"dst": SERVICE_CIDR}, {"dst": POD_RANGE}],
                     "dataDir": str(node.state / "ipam"),
                 },
             }
