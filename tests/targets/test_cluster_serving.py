@@ -34,7 +34,7 @@ def test_a_serving_plugin_is_read_never_applied_restarted_nor_deleted() -> None:
     assert "validate mode" in plan and f"read DaemonSet {DEPLOYED}" in plan
     ids = ServingLifecycle(options(mode="validate", deployed=DEPLOYED)).steps()
     steps = [s.id for s in ids]
-    assert steps[:3] == ["cluster-check", "adopt", "namespaces"]
+    assert steps[:4] == ["metadata-snapshot", "cluster-check", "adopt", "namespaces"]
     for step in ("apply", "rollout", "delete-plugin", "node-prepare", "node-restore"):
         assert step not in steps, f"{step} would touch the serving plugin or its node"
 

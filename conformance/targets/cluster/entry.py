@@ -89,7 +89,7 @@ def open_node(
     out_dir = ctx.out
     extra = {"metadata": metadata} if metadata is not None else {}
     lifecycle = (
-        ServingLifecycle(options, plugin=ctx.plugin)
+        ServingLifecycle(options, plugin=ctx.plugin, **extra)
         if options.deployed
         else ExistingLifecycle(options, None, plugin=ctx.plugin, **extra)  # type: ignore[arg-type]
     )

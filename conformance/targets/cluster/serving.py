@@ -22,8 +22,9 @@ from hvconform.targets.cluster.plan import ClusterOptions, Step
 from hvconform.targets.cluster.workloads import Layout, namespace, prepare
 
 # The steps of a serving node's run, in order; the shared ones keep their meaning.
-ORDER = ("cluster-check", "adopt", "namespaces", "diag-pod", "node-check", "baseline",
-         "workloads", "diag-delete", "delete-objects", "verify-objects", "verify-diag-gone")  # fmt: skip
+ORDER = ("metadata-snapshot", "cluster-check", "adopt", "namespaces", "diag-pod", "node-check",
+         "metadata-startup", "baseline", "workloads", "diag-delete", "delete-objects",
+         "verify-objects", "verify-diag-gone", "metadata-final")  # fmt: skip
 
 
 def _placeholder(ref: str) -> Obj:
