@@ -15,6 +15,7 @@ from typing import Any
 # The file the plugin definition names as its result file (result-files), beside the others.
 MANUAL_FILE = "hvconform-sonobuoy.yaml"
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
+BLOCKED = "blocked"  # the suite's word for a node where nothing could be verified
 _AS_SONOBUOY = {"passed": PASSED, "failed": FAILED, "not_applicable": SKIPPED, "skipped": SKIPPED}
 
 
@@ -56,8 +57,8 @@ def manual_tree(
     checks = [c for c in results.get("checks", []) if isinstance(c, dict)] if results else []
     items = [_check_item(c) for c in checks]
     meta = {"node": node, "mode": str(run.get("mode", "")), "run_id": str(run.get("run_id", ""))}
-    if refused:
-        return {"name": "hvconform", "status": FAILED, "meta": meta,
+    if refused:  # nothing was verified on this node: never a failure of its plugin
+        return {"name": "hvconform", "status": BLOCKED, "meta": meta,
                 "details": {"refused": refused}, "items": []}  # fmt: skip
     status = item_status(overall([str(c.get("status", "")) for c in checks]))
     tree: dict[str, Any] = {"name": "hvconform", "status": status, "meta": meta, "items": items}
