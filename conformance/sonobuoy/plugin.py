@@ -23,7 +23,7 @@ import yaml
 
 from hv_device_plugin.api.names import HYPERVISOR_RESOURCE
 from hvconform.contract import imageref
-from hvconform.contract.cluster_options import DEPLOYED
+from hvconform.contract.cluster_options import ClusterOptions
 from hvconform.contract.runcontext import MODES
 from hvconform.sonobuoy.results import MANUAL_FILE
 
@@ -51,10 +51,8 @@ def definition(
             raise ValueError(f"{flag} {problem}")
     if mode not in MODES:
         raise ValueError(f"--mode must be one of {', '.join(MODES)}")
-    if deployed and not DEPLOYED.fullmatch(deployed):
-        raise ValueError(f"--deployed {deployed!r}: want NAMESPACE/DAEMONSET")
-    if deployed and mode != "validate":
-        raise ValueError("--deployed judges a serving plugin: only with --mode validate")
+    # --deployed and its mode by the cluster target's own rules, which each node's run applies
+    ClusterOptions(mode=mode, deployed=deployed).validate()
     args = ["sonobuoy-node", "--mode", mode]
     for flag, value in (("--deployed", deployed), ("--plugin-profile", plugin_profile),
                         ("--guest-image", guest_image), ("--image", plugin_image)):  # fmt: skip
