@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 import yaml
 
+from hvconform.contract.wait import wait_for
 from tests.realnode.live_runs import cluster_mode_nodes, live_module, skip_unless_live
 
 ENV = "HV_SONOBUOY_LIVE"
@@ -44,6 +45,7 @@ SONOBUOY_NS = "hvconform-sonobuoy"
 SERVING_NS = "hv-serving"
 DEV_VIEW = "/run/hv-serving-dev"  # a tmpfs inside each node's own mount namespace
 RUN_TIMEOUT_S = 1800
+WAIT_S = 300.0  # a rollout, a guest's start, a health change reaching the node status
 # Sonobuoy's tarballs and the fleet reports, kept after the run for a look (pytest's own tmp
 # dirs rotate away): the next run replaces them.
 WORK = Path("/tmp/hv-sonobuoy-live")
@@ -144,16 +146,6 @@ def _plugin_ds(objects: list[dict[str, Any]]) -> str:
         o for o in objects if o.get("kind") == "DaemonSet" and "access" not in o["metadata"]["name"]
     ]
     return f"{SERVING_NS}/{ds[0]['metadata']['name']}"
-
-
-def _wait(what: str, done: Any, timeout: float = 300) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = done()
-        if value:
-            return value
-        time.sleep(1)  # polling a condition against its deadline, not synchronisation by sleep
-    raise AssertionError(f"wait expired after {timeout:.0f} s: {what}")
 
 
 def _sonobuoy(pool: dict[str, Any], *args: str, timeout: float = RUN_TIMEOUT_S) -> str:
@@ -271,8 +263,8 @@ def test_sonobuoy_certifies_every_node_of_the_pool(pool: dict[str, Any]) -> None
     _device_views(nodes)
     objects = _deploy_plugin(api, pool["plugin"])
     deployed = _plugin_ds(objects)
-    _wait("the serving plugin ready with a slot on every node",
-          lambda: all(_slots(n) > 0 for n in api.list_objects("v1", "Node")))  # fmt: skip
+    wait_for(lambda: all(_slots(n) > 0 for n in api.list_objects("v1", "Node")), WAIT_S,
+             "the serving plugin ready with a slot on every node", interval=1.0)  # fmt: skip
     # a guest already serving on node 1, holding one slot
     from hvconform.targets.cluster.workloads import workload_pod
 
@@ -280,8 +272,8 @@ def test_sonobuoy_certifies_every_node_of_the_pool(pool: dict[str, Any]) -> None
                                     "/dev/kvm", taint=False, guest=True))  # fmt: skip
     assert guest["metadata"]["uid"]
     guest_uid = guest["metadata"]["uid"]
-    _wait("the serving guest running", lambda: (api.get("v1", "Pod", "serving-guest", SERVING_NS)
-          or {}).get("status", {}).get("phase") == "Running")  # fmt: skip
+    wait_for(lambda: (api.get("v1", "Pod", "serving-guest", SERVING_NS) or {}).get("status", {})
+             .get("phase") == "Running", WAIT_S, "the serving guest running", interval=1.0)  # fmt: skip
     before = _serving_state(api, guest_uid)
     work = Path(pool["work"])
     times: dict[str, Any] = {}
@@ -315,8 +307,8 @@ def test_sonobuoy_certifies_every_node_of_the_pool(pool: dict[str, Any]) -> None
     # a faulty node: its device view without kvm; named, and the others pass
     faulty = nodes[-1]
     _device_views([faulty], faulty=faulty)
-    _wait(f"{faulty} reports no healthy device",
-          lambda: _slots(api.get("v1", "Node", faulty) or {"status": {}}) == 0)  # fmt: skip
+    wait_for(lambda: _slots(api.get("v1", "Node", faulty) or {"status": {}}) == 0, WAIT_S,
+             f"{faulty} reports no healthy device", interval=1.0)  # fmt: skip
     _, bad_tarball = _certify(pool, every, work / "faulty")
     bad = _results(pool, bad_tarball)
     assert bad[faulty].get("validate-device") == "failed", bad[faulty]
