@@ -57,9 +57,6 @@ class ServingLifecycle(ExistingLifecycle):
     def prepare(self, rendered: list[Obj]) -> tuple[list[Obj], Layout]:
         return rendered, Layout()  # the live object's layout is read by the adopt step
 
-    def extra_dry_run(self) -> list[Obj]:
-        return []
-
     def steps(self) -> list[Step]:
         o = self.options
         where = self.node_name or "the node"
